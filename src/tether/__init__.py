@@ -1,0 +1,89 @@
+"""tether: ignite.distributed's API on torch.distributed, where no rank waits forever.
+
+``import tether as idist`` runs code written for ``ignite.distributed``. Any failure of
+any rank — an exception, an exit, a kill, a freeze, a stall — reaches every other rank
+within a bound, as an error naming the failing rank and its original exception.
+"""
+
+from .collectives import all_gather as all_gather
+from .collectives import all_gather_tensors_with_shapes as all_gather_tensors_with_shapes
+from .collectives import all_reduce as all_reduce
+from .collectives import broadcast as broadcast
+from .errors import BackendError as BackendError
+from .errors import ExitCode as ExitCode
+from .errors import JobFailed as JobFailed
+from .errors import PeerFailure as PeerFailure
+from .errors import PeerLost as PeerLost
+from .errors import SyncMismatch as SyncMismatch
+from .errors import SyncTimeout as SyncTimeout
+from .errors import TetherError as TetherError
+from .groups import new_group as new_group
+from .helpers import barrier as barrier
+from .helpers import one_rank_first as one_rank_first
+from .helpers import one_rank_only as one_rank_only
+from .info import available_backends as available_backends
+from .info import backend as backend
+from .info import device as device
+from .info import get_local_rank as get_local_rank
+from .info import get_nnodes as get_nnodes
+from .info import get_node_rank as get_node_rank
+from .info import get_nproc_per_node as get_nproc_per_node
+from .info import get_rank as get_rank
+from .info import get_world_size as get_world_size
+from .info import hostname as hostname
+from .info import model_name as model_name
+from .info import show_config as show_config
+from .launch import finalize as finalize
+from .launch import initialize as initialize
+from .launch import set_local_rank as set_local_rank
+from .launch import sync as sync
+from .parallel import Parallel as Parallel
+from .spawn import spawn as spawn
+
+__all__ = [
+    "BackendError",
+    "ExitCode",
+    "JobFailed",
+    "Parallel",
+    "PeerFailure",
+    "PeerLost",
+    "SyncMismatch",
+    "SyncTimeout",
+    "TetherError",
+    "all_gather",
+    "all_gather_tensors_with_shapes",
+    "all_reduce",
+    "available_backends",
+    "backend",
+    "barrier",
+    "broadcast",
+    "device",
+    "finalize",
+    "get_local_rank",
+    "get_nnodes",
+    "get_node_rank",
+    "get_nproc_per_node",
+    "get_rank",
+    "get_world_size",
+    "hostname",
+    "initialize",
+    "model_name",
+    "new_group",
+    "one_rank_first",
+    "one_rank_only",
+    "set_local_rank",
+    "show_config",
+    "spawn",
+    "sync",
+]
+
+__version__ = "0.1.0"
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if hasattr(_obj, "__module__") and isinstance(_obj, type | type(len) | type(lambda: 0)):
+        try:
+            _obj.__module__ = "tether"
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

@@ -1,0 +1,359 @@
+"""Every wait lives here: store syncs, waits on collectives, and their failure paths.
+
+**Store syncs** (``barrier``, ``one_rank_first``, ``one_rank_only(with_barrier=True)``) run
+on the job's store, not as collectives: measured in ``benchmarks/sync.py``, a store gate
+costs two round trips per rank and beats ``dist.barrier`` on gloo. A gate on key
+``P/sync/<group>/<seq>``:
+
+* every member adds ``1 + (h << 20)`` to ``.../n``, where ``h`` is a 22-bit hash of the
+  call's signature (``"barrier"``, ``"one_rank_first(rank=0)"``). The low 20 bits count
+  arrivals, the high bits sum hashes: a member whose sum is not ``count * h`` has met a
+  rank in a different call and raises ``SyncMismatch``. No extra round trip.
+* the member that completes the gate (the last arrival, or the working rank of
+  ``one_rank_first``) writes ``.../go`` = ``"ok"``; a working rank that raised writes
+  ``"failed:<seq of its record>"`` instead, in ``finally``; the watchdog writes
+  ``"abort"`` to wake a waiter when any other failure is posted. All three use
+  ``compare_set``, so the first value written is the one every member reads.
+* every other member reads ``.../go`` (``get`` waits for it) and returns, or raises.
+
+Costs per call and rank: 2 store round trips (the completer: add + compare_set).
+
+**Collectives** are issued with ``async_op=True`` and waited on with a ``threading.Event``
+that both the work's completion callback and the watchdog can set, so a failure posted
+anywhere wakes the caller within a millisecond; gloo cannot be woken any other way.
+A collective still waiting after ``check_after`` seconds adds its signature to the same
+gate counter, so a rank in a different sync is found (the slow path; free when fast).
+
+**Timeouts**: on expiry the rank asks every member what it is doing (its tether call and
+stack, answered by its listener), posts a timeout record naming the ranks that had not
+arrived, and raises ``SyncTimeout``; the record makes every member raise the same.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from ._record import KIND_LOST, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, record_from_exception
+from .context import Context
+from .errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
+from .report import error_from_record
+from .watchdog import ABORT
+
+log = logging.getLogger("tether")
+
+_COUNT_BITS = 20
+_COUNT_MASK = (1 << _COUNT_BITS) - 1
+_HASH_MASK = (1 << 22) - 1
+
+
+@dataclass(frozen=True)
+class Group:
+    """The members of one sync: ``key`` names its sequence of syncs on the store."""
+
+    key: str
+    members: tuple[int, ...]
+    pg: Any = None  # the torch ProcessGroup for collectives; None is the default group
+
+
+def signature_hash(signature: str) -> int:
+    return zlib.crc32(signature.encode()) & _HASH_MASK
+
+
+@contextmanager
+def in_call(ctx: Context, call: str) -> Iterator[None]:
+    """Mark what this rank is doing, for whereabouts answers; checks for a known failure."""
+    ctx.check()
+    watchdog = ctx.watchdog
+    if watchdog is None:
+        yield
+        return
+    previous, watchdog.current_call = watchdog.current_call, call
+    try:
+        yield
+    finally:
+        watchdog.current_call = previous
+
+
+def _tag(group: Group, seq: int) -> str:
+    return f"[sync #{seq} on {group.key}]"
+
+
+# --- store gates ------------------------------------------------------------------------
+
+
+def gate(
+    ctx: Context,
+    group: Group,
+    signature: str,
+    role: str,
+    *,
+    failed: BaseException | None = None,
+    timeout: float | None = None,
+) -> None:
+    """One store gate; see the module docstring.
+
+    Args:
+        role: "member" (a barrier: the last arrival writes ``go``, every member waits),
+            "waiter" (waits for the leader's ``go``; never writes it) or "leader"
+            (writes ``go`` and does not wait).
+        failed: this member's own exception: it is posted, ``go`` becomes "failed", and
+            the caller re-raises it.
+        timeout: seconds before ``SyncTimeout``; None uses the context's default.
+    """
+    assert ctx.store is not None and ctx.channel is not None and ctx.watchdog is not None
+    seq = ctx.next_seq(group.key)
+    call = f"{signature} {_tag(group, seq)}"
+    base = ctx.channel.key("sync", group.key, seq)
+    h = signature_hash(signature)
+    with in_call(ctx, call) if failed is None else _noop():
+        value = int(ctx.store.add(base + "/n", 1 + (h << _COUNT_BITS)))
+        count = value & _COUNT_MASK
+        if failed is not None:
+            status = ABORT  # a consequence of a failure already posted: point at that one
+            if not isinstance(failed, TetherError) and ctx.first_report(failed):
+                record = ctx.channel.post(record_from_exception(ctx.channel.rank, failed, call))
+                status = f"failed:{record.seq}"
+            ctx.store.compare_set(base + "/go", "", status)
+            return
+        if value >> _COUNT_BITS != count * h:
+            raise _mismatch(ctx, group, signature)
+        if role == "leader" or (role == "member" and count == len(group.members)):
+            status = ctx.store.compare_set(base + "/go", "", "ok").decode()
+        else:
+            status = wait_key(ctx, base + "/go", group, seq, signature, timeout)
+        if status != "ok":
+            raise _status_error(ctx, status)
+
+
+@contextmanager
+def _noop() -> Iterator[None]:
+    yield
+
+
+def _status_error(ctx: Context, status: str) -> TetherError:
+    assert ctx.channel is not None and ctx.watchdog is not None
+    if status.startswith("failed:"):
+        seq = int(status.split(":", 1)[1])
+        record = next((r for r in ctx.channel.records() if r.seq == seq), None)
+        if record is not None:
+            error = error_from_record(record)
+            ctx.watchdog.deliver(error, None)
+            return ctx.watchdog.failure or error
+    failure = ctx.watchdog.failure or ctx.watchdog.wait_for_failure(1.0)
+    return failure or BackendError(f"sync ended with status {status!r} and no failure record")
+
+
+def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, timeout: float | None) -> str:
+    """Wait on the main connection for ``key``; the watchdog can wake it by writing it."""
+    assert ctx.store is not None and ctx.watchdog is not None
+    timeout = ctx.settings.timeout if timeout is None else timeout
+    start = time.monotonic()
+    warned = False
+    ctx.watchdog.begin_wait(key=key)
+    try:
+        while True:
+            elapsed = time.monotonic() - start
+            marks = [m for m in (timeout, None if warned else ctx.settings.warn_after) if m is not None]
+            window = min((m for m in marks if m > elapsed), default=elapsed + ctx.settings.warn_after) - elapsed
+            ctx.store.set_timeout(datetime.timedelta(seconds=max(window, 0.001)))
+            try:
+                status = ctx.store.get(key).decode()
+            except dist.DistNetworkError as exc:
+                raise _store_lost(ctx, exc) from exc
+            except dist.DistStoreError:
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    raise _expire(ctx, group, seq, signature, timeout) from None
+                if not warned:
+                    _warn_stall(ctx, group, seq, signature, time.monotonic() - start)
+                    warned = True
+                continue
+            if status == ABORT:
+                ctx.watchdog.check()
+            return status
+    finally:
+        ctx.watchdog.end_wait()
+
+
+# --- collectives ------------------------------------------------------------------------
+
+
+def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: float | None) -> None:
+    """Wait for an async collective; return when it is done, raise when a failure is known."""
+    assert ctx.watchdog is not None
+    seq = ctx.next_seq(group.key)
+    with in_call(ctx, f"{signature} {_tag(group, seq)}"):
+        if not work.is_completed():
+            done = threading.Event()
+            work.get_future().add_done_callback(lambda _: done.set())
+            _wait_event(ctx, done, group, seq, signature, timeout)
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            if isinstance(exc, TetherError):
+                raise
+            raise _explain_backend_error(ctx, group, exc) from exc
+
+
+def _wait_event(
+    ctx: Context, done: threading.Event, group: Group, seq: int, signature: str, timeout: float | None
+) -> None:
+    assert ctx.watchdog is not None
+    timeout = ctx.settings.timeout if timeout is None else timeout
+    start = time.monotonic()
+    checked = warned = False
+    ctx.watchdog.begin_wait(event=done)
+    try:
+        while True:
+            elapsed = time.monotonic() - start
+            marks = [ctx.settings.warn_after if not warned else None, timeout]
+            marks.append(ctx.settings.check_after if not checked else None)
+            nxt = min((m for m in marks if m is not None and m > elapsed), default=elapsed + 60.0)
+            if done.wait(nxt - elapsed):
+                ctx.watchdog.check()
+                return
+            elapsed = time.monotonic() - start
+            if not checked and elapsed >= ctx.settings.check_after:
+                checked = True
+                _check_signature(ctx, group, seq, signature)
+            if timeout is not None and elapsed >= timeout:
+                raise _expire(ctx, group, seq, signature, timeout)
+            if not warned and elapsed >= ctx.settings.warn_after:
+                warned = True
+                _warn_stall(ctx, group, seq, signature, elapsed)
+    finally:
+        ctx.watchdog.end_wait()
+
+
+def _check_signature(ctx: Context, group: Group, seq: int, signature: str) -> None:
+    assert ctx.store is not None and ctx.channel is not None
+    h = signature_hash(signature)
+    value = int(ctx.store.add(ctx.channel.key("sync", group.key, seq, "n"), 1 + (h << _COUNT_BITS)))
+    if value >> _COUNT_BITS != (value & _COUNT_MASK) * h:
+        raise _mismatch(ctx, group, signature)
+
+
+# --- failure paths --------------------------------------------------------------------
+
+
+def _first_line(where: str) -> str:
+    return where.splitlines()[0].removeprefix("in ") if where else "?"
+
+
+def _post_and_pick(ctx: Context, record: FailureRecord, own: TetherError) -> TetherError:
+    """Post ``record``; return ``own`` if it is the root cause, else the root cause's error."""
+    assert ctx.channel is not None and ctx.watchdog is not None
+    posted = ctx.channel.post(record)
+    root = ctx.channel.root_cause()
+    error = own if root is None or root.seq == posted.seq else error_from_record(root)
+    ctx.watchdog.deliver(error, None)
+    return ctx.watchdog.failure or error
+
+
+def _expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float) -> TetherError:
+    assert ctx.channel is not None and ctx.watchdog is not None
+    if ctx.watchdog.failure is not None:
+        return ctx.watchdog.failure
+    me = ctx.channel.rank
+    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    tag = _tag(group, seq)
+    missing = [r for r in group.members if r != me and tag not in answers.get(r, "").split("\n", 1)[0]]
+    where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
+    call = f"{signature} on {group.key}"
+    own = SyncTimeout(call, timeout, missing, where)
+    record = FailureRecord(
+        rank=me,
+        kind=KIND_TIMEOUT,
+        exc_type="SyncTimeout",
+        message=str(own).splitlines()[0],
+        where=f"{signature} {tag}",
+        time=time.time(),
+        reporter=me,
+        detail={"call": call, "timeout": timeout, "missing": missing, "whereabouts": where},
+    )
+    own.record = record
+    return _post_and_pick(ctx, record, own)
+
+
+def _mismatch(ctx: Context, group: Group, signature: str) -> TetherError:
+    assert ctx.channel is not None and ctx.watchdog is not None
+    if ctx.watchdog.failure is not None:
+        return ctx.watchdog.failure
+    me = ctx.channel.rank
+    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    calls = {r: _first_line(answers[r]) if r in answers else "no answer" for r in group.members if r != me}
+    calls[me] = signature
+    own = SyncMismatch(calls)
+    record = FailureRecord(
+        rank=me,
+        kind=KIND_MISMATCH,
+        exc_type="SyncMismatch",
+        message=str(own),
+        where=signature,
+        time=time.time(),
+        reporter=me,
+        detail={"calls": {str(k): v for k, v in calls.items()}},
+    )
+    own.record = record
+    return _post_and_pick(ctx, record, own)
+
+
+def _warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: float) -> None:
+    assert ctx.channel is not None
+    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    lines = [f"tether: rank {ctx.channel.rank} has waited {elapsed:.0f} s in {signature} on {group.key}:"]
+    for r in group.members:
+        if r != ctx.channel.rank:
+            lines.append(f"  rank {r}: {answers.get(r, 'no answer: frozen, dead, or holding the GIL')}")
+    log.warning("\n".join(lines))
+
+
+def _store_lost(ctx: Context, exc: BaseException) -> TetherError:
+    assert ctx.watchdog is not None
+    ctx.watchdog._store_lost(exc)
+    assert ctx.watchdog.failure is not None
+    return ctx.watchdog.failure
+
+
+def _explain_backend_error(ctx: Context, group: Group, exc: RuntimeError) -> TetherError:
+    """Turn a backend error ("Connection closed by peer") into the failure behind it.
+
+    A peer that raised has posted its record before its process ended, so it is usually
+    here already. A peer that was killed has not: the ranks that do not answer a
+    whereabouts query within ``answer_within`` are posted as lost.
+    """
+    assert ctx.watchdog is not None and ctx.channel is not None
+    failure = ctx.watchdog.wait_for_failure(0.2)
+    if failure is not None:
+        return failure
+    try:
+        answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    except dist.DistNetworkError as lost:
+        return _store_lost(ctx, lost)
+    if ctx.watchdog.failure is not None:
+        return ctx.watchdog.failure
+    silent = [r for r in group.members if r != ctx.channel.rank and r not in answers]
+    if not silent:
+        return BackendError(f"{type(exc).__name__}: {exc}")
+    record = FailureRecord(
+        rank=silent[0],
+        kind=KIND_LOST,
+        exc_type="Lost",
+        message=f"its process stopped answering (the backend said: {str(exc).splitlines()[0]})",
+        time=time.time(),
+        reporter=ctx.channel.rank,
+    )
+    return _post_and_pick(ctx, record, PeerLost(record))
+
+
+def members_of(ranks: Sequence[int]) -> tuple[int, ...]:
+    return tuple(sorted(ranks))

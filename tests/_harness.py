@@ -1,0 +1,100 @@
+"""Run a job in its own session, bounded from outside, and check that nothing is left.
+
+Every distributed test starts a fresh interpreter (``python script.py`` or torchrun) as
+the leader of a new session, so the test can kill the whole job by its session id and
+can prove, by scanning /proc, that no process of that session survived.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+@dataclass
+class Result:
+    returncode: int | None
+    stdout: str
+    stderr: str
+    elapsed: float
+    leftovers: list[int]
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is ``sid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(int(entry))
+    return found
+
+
+def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle: float = 3.0) -> Result:
+    """Run ``args`` as a new session; kill the session at ``bound`` seconds.
+
+    ``leftovers`` lists processes of the session still alive ``settle`` seconds after
+    the leader exited (a launcher's children may take a moment to be reaped).
+    """
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        args, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=bound)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        code = None
+    elapsed = time.monotonic() - start
+    deadline = time.monotonic() + settle
+    left = session_pids(proc.pid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = session_pids(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    return Result(code, out, err, elapsed, left)
+
+
+def python(script: str, *script_args: str, bound: float, env: dict[str, str] | None = None) -> Result:
+    """Run ``tests/jobs/<script>`` with this interpreter."""
+    return run([sys.executable, str(JOBS / script), *script_args], bound, env)
+
+
+def torchrun(script: str, *script_args: str, nproc: int, bound: float, env: dict[str, str] | None = None) -> Result:
+    """Run ``tests/jobs/<script>`` under ``python -m torch.distributed.run`` on loopback."""
+    args = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--monitor_interval", "0.1",
+        str(JOBS / script), *script_args,
+    ]
+    return run(args, bound, env)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
