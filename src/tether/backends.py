@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store
 
 from ._env import Topology
 
@@ -60,8 +61,8 @@ class Backend:
 
     name: ClassVar[str] = "serial"
 
-    def __init__(self, topology: Topology = Topology()) -> None:
-        self.topology = topology
+    def __init__(self, topology: Topology | None = None) -> None:
+        self.topology = topology or Topology()
 
     def backend(self) -> str | None:
         return None
@@ -94,7 +95,7 @@ class NativeBackend(Backend):
 
     @classmethod
     def create(
-        cls, backend: str, topology: Topology, store: dist.Store, timeout: datetime.timedelta | None
+        cls, backend: str, topology: Topology, store: Store, timeout: datetime.timedelta | None
     ) -> NativeBackend:
         kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         if backend == "nccl":
@@ -102,7 +103,7 @@ class NativeBackend(Backend):
             kwargs["device_id"] = torch.device("cuda", topology.local_rank)
         dist.init_process_group(
             backend,
-            store=dist.PrefixStore("pg", store),
+            store=PrefixStore("pg", store),
             rank=topology.rank,
             world_size=topology.world_size,
             **kwargs,

@@ -38,17 +38,25 @@ thread's ``wait``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import Store
 
 from ._record import FailureRecord
 
 LEFT = 1 << 40  # added to a heartbeat counter when its rank finalized cleanly
 
 _FOREVER = datetime.timedelta(days=365)
+
+
+def clone(store: Store) -> Store:
+    """A new client connection to ``store`` (torch's stubs lack ``Store.clone``)."""
+    return cast(Store, store.clone())  # type: ignore[attr-defined]
 
 
 def job_prefix(job_id: str) -> str:
@@ -69,19 +77,19 @@ class Channel:
     path except the heartbeats (see ``watchdog.py``).
     """
 
-    def __init__(self, store: dist.Store, job_id: str, rank: int, world_size: int) -> None:
+    def __init__(self, store: Store, job_id: str, rank: int, world_size: int) -> None:
         self.prefix = job_prefix(job_id)
         self.rank = rank
         self.world_size = world_size
-        self._store = store.clone()  # posting, queries, reading records
+        self._store = clone(store)  # posting, queries, reading records
         self._store.set_timeout(datetime.timedelta(seconds=30))
 
     def key(self, *parts: object) -> str:
         return self.prefix + "/".join(str(p) for p in parts)
 
-    def listener_client(self) -> dist.Store:
+    def listener_client(self) -> Store:
         """A fresh connection for a thread that blocks (the listener, the heartbeat)."""
-        client = self._store.clone()
+        client = clone(self._store)
         client.set_timeout(_FOREVER)
         return client
 
@@ -127,17 +135,15 @@ class Channel:
         others = [r for r in ranks if r != self.rank]
         self.notify(others, f"ask:{qid}")
         keys = [self.key("where", qid, r) for r in others]
-        try:
+        with contextlib.suppress(dist.DistError):  # some did not answer: report what arrived
             self._store.wait(keys, datetime.timedelta(seconds=answer_within))
-        except dist.DistError:
-            pass  # some did not answer: report what arrived
         answers: dict[int, str] = {}
         for r, k in zip(others, keys, strict=True):
             if self._store.check([k]):
                 answers[r] = json.loads(self._store.get(k))["where"]
         return answers
 
-    def answer(self, client: dist.Store, qid: int, where: str) -> None:
+    def answer(self, client: Store, qid: int, where: str) -> None:
         client.set(self.key("where", qid, self.rank), json.dumps({"version": 1, "where": where}))
 
     # --- leaving --------------------------------------------------------------------

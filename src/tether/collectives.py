@@ -68,7 +68,7 @@ def all_reduce(
     if members is None:
         return tensor
     number = not isinstance(tensor, torch.Tensor)
-    t = torch.tensor(tensor, device=ctx.backend.device()) if number else _to_device(ctx, cast(torch.Tensor, tensor))
+    t = torch.tensor(tensor, device=ctx.backend.device()) if number else _to_device(ctx, tensor)
     work = dist.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
     _run(ctx, work, members, f"all_reduce({op}, {_describe(t)})", timeout)
     if number:
@@ -79,7 +79,9 @@ def all_reduce(
     return t
 
 
-def _gather_tensor(ctx: Context, t: torch.Tensor, members: Group, signature: str, timeout: float | None) -> torch.Tensor:
+def _gather_tensor(
+    ctx: Context, t: torch.Tensor, members: Group, signature: str, timeout: float | None
+) -> torch.Tensor:
     if t.ndim == 0:
         t = t.unsqueeze(0)
     out = [torch.empty_like(t) for _ in members.members]
@@ -119,7 +121,9 @@ def all_gather(tensor: Any, group: Any = None, timeout: float | None = None) -> 
     if isinstance(tensor, torch.Tensor):
         return _gather_tensor(ctx, _to_device(ctx, tensor), members, "all_gather", timeout).to(tensor.device)
     if isinstance(tensor, Number) and not isinstance(tensor, bool):
-        return _gather_tensor(ctx, torch.tensor([tensor], device=ctx.backend.device()), members, "all_gather", timeout).tolist()
+        return _gather_tensor(
+            ctx, torch.tensor([tensor], device=ctx.backend.device()), members, "all_gather", timeout
+        ).tolist()
     if isinstance(tensor, str):
         return [b.decode() for b in _gather_bytes(ctx, tensor.encode(), members, "all_gather[str]", timeout)]
     blobs = _gather_bytes(ctx, pickle.dumps(tensor), members, "all_gather[object]", timeout)
@@ -150,12 +154,14 @@ def all_gather_tensors_with_shapes(
         )
     index = members.members.index(ctx.backend.topology.rank)
     if list(tensor.shape) != list(shapes[index]):
-        raise ValueError(f"all_gather_tensors_with_shapes: tensor has shape {list(tensor.shape)}, shapes says {shapes[index]}")
+        raise ValueError(
+            f"all_gather_tensors_with_shapes: tensor has shape {list(tensor.shape)}, shapes says {shapes[index]}"
+        )
     biggest = torch.tensor(shapes).amax(dim=0).tolist()
     padded = torch.zeros([1, *biggest], dtype=tensor.dtype, device=ctx.backend.device())
-    padded[(0, *[slice(0, n) for n in tensor.shape])] = tensor
+    padded[0][tuple(slice(0, n) for n in tensor.shape)] = tensor
     rows = _gather_tensor(ctx, padded, members, "all_gather_tensors_with_shapes", timeout)
-    return [rows[(i, *[slice(0, n) for n in shape])].to(tensor.device) for i, shape in enumerate(shapes)]
+    return [rows[i][tuple(slice(0, n) for n in shape)].to(tensor.device) for i, shape in enumerate(shapes)]
 
 
 _NUMBER = struct.Struct("<q")  # a number travels as [kind, 64 bits]: int, float or bool
@@ -231,7 +237,9 @@ def broadcast(
 
     kind = type(tensor).__name__
     if safe_mode:
-        header = {"kind": "tensor" if isinstance(tensor, torch.Tensor) else "path" if isinstance(tensor, Path) else kind}
+        header: dict[str, Any] = {
+            "kind": "tensor" if isinstance(tensor, torch.Tensor) else "path" if isinstance(tensor, Path) else kind
+        }
         if isinstance(tensor, torch.Tensor):
             header.update(dtype=str(tensor.dtype).removeprefix("torch."), shape=list(tensor.shape))
         got = json.loads(send_bytes(json.dumps(header).encode() if is_src else b"", "header"))

@@ -14,9 +14,12 @@ import threading
 from typing import Any
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import Store
 
+from ._record import FailureRecord, record_from_exception
 from .backends import Backend
 from .channel import Channel
+from .report import error_from_record
 from .watchdog import Watchdog
 
 
@@ -46,14 +49,14 @@ class Context:
     backend: Backend
     channel: Channel | None = None
     watchdog: Watchdog | None = None
-    store: dist.Store | None = None  # the main thread's own connection to the job's store
-    settings: SyncSettings = SyncSettings()
+    store: Store | None = None  # the main thread's own connection to the job's store
+    settings: SyncSettings = dataclasses.field(default_factory=SyncSettings)
     hosts_store: bool = False  # wait for every rank to leave before closing the store
     error_file: str | None = None  # torchelastic's error file for this worker
     seqs: dict[str, int] = dataclasses.field(default_factory=dict)
     groups: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict)  # list -> ProcessGroup
     hooks: Any = None  # hooks.Hooks, installed while this context is
-    posted: list[BaseException] = dataclasses.field(default_factory=list)  # own failures already posted
+    posted: list[tuple[BaseException, FailureRecord]] = dataclasses.field(default_factory=list)  # own failures
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def next_seq(self, group: str) -> int:
@@ -63,13 +66,18 @@ class Context:
             self.seqs[group] = seq
         return seq
 
-    def first_report(self, exc: BaseException) -> bool:
-        """True the first time ``exc`` is reported on this rank (each is posted once)."""
+    def post_own(self, exc: BaseException, where: str) -> FailureRecord | None:
+        """Post this rank's own failure ``exc`` once; repeats return the same record."""
         with self.lock:
-            if any(e is exc for e in self.posted):
-                return False
-            self.posted.append(exc)
-            return True
+            for seen, record in self.posted:
+                if seen is exc:
+                    return record
+        if self.channel is None:
+            return None
+        record = self.channel.post(record_from_exception(self.channel.rank, exc, where))
+        with self.lock:
+            self.posted.append((exc, record))
+        return record
 
     @property
     def failed(self) -> bool:
@@ -77,21 +85,32 @@ class Context:
         return bool(self.posted) or (self.watchdog is not None and self.watchdog.failure is not None)
 
     def check(self) -> None:
-        """Raise the failure this rank already knows of, if any."""
-        if self.watchdog is not None:
-            self.watchdog.check()
+        """Raise the failure this rank already knows of, if any.
+
+        That includes this rank's own failure once it was posted and its caller caught it
+        (``one_rank_first``'s block raised, the caller handled it and went on): every other
+        rank was told to stop, so no later sync can complete. The rank raises that failure
+        (as ``PeerFailure`` naming itself) at once, instead of waiting on ranks that will
+        never come.
+        """
+        if self.watchdog is None:
+            return
+        if self.watchdog.failure is None and self.posted:
+            self.watchdog.deliver(error_from_record(self.posted[0][1]), None)
+        self.watchdog.check()
 
 
 _SERIAL = Context(Backend())
 _current: Context | None = None
 local_rank_hint: int | None = None  # set_local_rank(), for a process group made outside tether
+_abandoned: object = None  # a group tether left undestroyed after a failure: never adopt it
 
 
 def current() -> Context:
     """The process's context; adopts a process group the user created, once."""
     if _current is not None:
         return _current
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and dist.group.WORLD is not _abandoned:
         from .launch import adopt_process_group
 
         return adopt_process_group()
@@ -109,6 +128,12 @@ def uninstall() -> Context | None:
     global _current
     context, _current = _current, None
     return context
+
+
+def abandon_process_group() -> None:
+    """Remember that the live default group was left behind after a failure."""
+    global _abandoned
+    _abandoned = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
 
 def peek() -> Context | None:

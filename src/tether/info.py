@@ -59,7 +59,7 @@ def available_backends() -> tuple[str, ...]:
 
 
 def model_name() -> str:
-    """"serial" or "native-dist", as in ignite."""
+    """ "serial" or "native-dist", as in ignite."""
     return current().backend.name
 
 

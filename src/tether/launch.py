@@ -14,16 +14,17 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from . import context
+from . import _slurm, context
 from ._env import LaunchEnv, Topology, from_torchrun, parse_init_method
-from ._record import FailureRecord, record_from_exception
+from ._record import FailureRecord
 from .backends import Backend, NativeBackend, check_backend
-from .channel import Channel
+from .channel import Channel, clone
 from .context import Context, SyncSettings
 from .errors import TetherError
 from .hooks import Hooks
@@ -38,8 +39,8 @@ _OPTIONS = {"heartbeat", "lost_after", "grace", "sync_timeout", "warn_after"}
 class Options:
     """tether's own settings, taken from ``initialize``/``spawn`` keyword arguments."""
 
-    watchdog: WatchdogConfig = WatchdogConfig()
-    sync: SyncSettings = SyncSettings()
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    sync: SyncSettings = field(default_factory=SyncSettings)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], store_host: int) -> Options:
@@ -54,7 +55,9 @@ class Options:
                 grace=kwargs.get("grace", w.grace),
                 store_host=store_host,
             ),
-            SyncSettings(timeout=kwargs.get("sync_timeout", s.timeout), warn_after=float(kwargs.get("warn_after", s.warn_after))),
+            SyncSettings(
+                timeout=kwargs.get("sync_timeout", s.timeout), warn_after=float(kwargs.get("warn_after", s.warn_after))
+            ),
         )
 
 
@@ -69,7 +72,7 @@ def to_timedelta(timeout: object) -> datetime.timedelta | None:
 def start(
     backend: str,
     topology: Topology,
-    store: dist.Store,
+    store: Store,
     *,
     job_id: str,
     hosts_store: bool,
@@ -78,17 +81,19 @@ def start(
     error_file: str | None = None,
 ) -> Context:
     """Create the process group on ``store`` and everything that watches it."""
-    native = NativeBackend.create(backend, topology, dist.PrefixStore(f"pg/{job_id}", store), timeout)
+    native = NativeBackend.create(backend, topology, PrefixStore(f"pg/{job_id}", store), timeout)
     return _watch(native, store, job_id, hosts_store, options, error_file)
 
 
 def _watch(
-    backend: Backend, store: dist.Store, job_id: str, hosts_store: bool, options: Options, error_file: str | None
+    backend: Backend, store: Store, job_id: str, hosts_store: bool, options: Options, error_file: str | None
 ) -> Context:
     topo = backend.topology
     channel = Channel(store, job_id, topo.rank, topo.world_size)
     watchdog = Watchdog(channel, options.watchdog, abort=backend.abort)
-    ctx = Context(backend, channel, watchdog, store, options.sync, hosts_store, error_file)
+    # The main thread's syncs get their own connection: they change its timeout per wait,
+    # which must never leak into the process group's own use of the store.
+    ctx = Context(backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file)
     ctx.hooks = Hooks(report_failure)
     context.install(ctx)
     watchdog.start()
@@ -121,7 +126,7 @@ def initialize(backend: str, **kwargs: Any) -> None:
     if context.peek() is not None:
         raise RuntimeError("tether is already initialized in this process; call tether.finalize() first")
     hosts = env.topology.rank == 0 and not env.use_agent_store
-    store = dist.TCPStore(
+    store = TCPStore(
         env.master_addr,
         env.master_port,
         env.topology.world_size,
@@ -143,6 +148,10 @@ def initialize(backend: str, **kwargs: Any) -> None:
 
 def _launch_env(env: dict[str, str], init_method: str | None, rank: Any, world_size: Any) -> LaunchEnv:
     address = parse_init_method(init_method)
+    if _slurm.applies(env):  # srun: SLURM's variables, translated and checked (see _slurm)
+        if rank is not None or world_size is not None:
+            raise ValueError("initialize: rank= and world_size= must not be given under SLURM: srun sets them")
+        env = {**env, **_slurm.torchrun_vars(env)}
     if rank is not None or world_size is not None:
         if not isinstance(rank, int) or not isinstance(world_size, int):
             raise ValueError("initialize: pass both rank and world_size as int, or neither")
@@ -197,7 +206,10 @@ def finalize() -> None:
         ctx.watchdog.stop()
         if ctx.hooks is not None:
             ctx.hooks.uninstall()
-        ctx.backend.shutdown(clean and not ctx.failed)
+        clean = clean and not ctx.failed
+        ctx.backend.shutdown(clean)
+        if not clean:
+            context.abandon_process_group()
 
 
 def _leave(ctx: Context) -> None:
@@ -217,18 +229,20 @@ def _leave(ctx: Context) -> None:
 
 
 def report_failure(exc: BaseException) -> None:
-    """Post this rank's own failure once (a tether error is a consequence: not posted)."""
+    """Post this rank's own failure once, and write torchelastic's error file.
+
+    A tether error is a consequence of a failure already posted: it is not posted again,
+    and the error file names the root cause.
+    """
     ctx = context.peek()
-    if ctx is None or ctx.channel is None or not ctx.first_report(exc):
+    if ctx is None or ctx.channel is None:
         return
     where = ctx.watchdog.current_call if ctx.watchdog is not None and ctx.watchdog.current_call else "user code"
     try:
         if isinstance(exc, TetherError):
-            root = ctx.channel.root_cause()
-            _write_error_file(ctx.error_file, exc, root, victim=True)
-            return
-        record = ctx.channel.post(record_from_exception(ctx.channel.rank, exc, where))
-        _write_error_file(ctx.error_file, exc, record, victim=False)
+            _write_error_file(ctx.error_file, exc, ctx.channel.root_cause(), victim=True)
+        else:
+            _write_error_file(ctx.error_file, exc, ctx.post_own(exc, where), victim=False)
     except Exception as err:
         log.warning("tether: could not post this rank's failure (%s): %s", type(exc).__name__, err)
 

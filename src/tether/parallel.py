@@ -107,9 +107,7 @@ class Parallel:
             self._initialized = True
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._initialized:
             if exc is not None:
                 report_failure(exc)

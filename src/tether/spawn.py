@@ -11,6 +11,7 @@ no orphan. The root-cause report is printed once, by node 0's launcher.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import multiprocessing
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore
 
 from ._env import Topology, parse_init_method
 from ._record import KIND_EXIT, KIND_SIGNAL, FailureRecord
@@ -99,7 +100,7 @@ def spawn(
         raise ValueError(f"start_method must be one of {multiprocessing.get_all_start_methods()}, got {start_method!r}")
     options = Options.from_kwargs(kwargs, store_host=-1)
     world = nnodes * nproc
-    store = dist.TCPStore(
+    store = TCPStore(
         addr, port or 0, world, node_rank == 0, timeout=datetime.timedelta(minutes=5), wait_for_workers=False
     )
     channel = Channel(store, JOB_ID, -1, world)
@@ -108,7 +109,9 @@ def spawn(
     for local in range(nproc):
         topo = Topology(node_rank * nproc + local, world, local, nproc, nnodes, node_rank)
         spec = _WorkerSpec(backend, topo, addr, store.port, timeout, options, os.getpid())
-        procs[local] = mp.Process(target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}")
+        procs[local] = mp.Process(
+            target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}"
+        )
     _Supervisor(channel, procs, node_rank * nproc, options, node_rank == 0).run()
 
 
@@ -158,11 +161,11 @@ class _Supervisor:
             self.deadline = time.monotonic() + self.kill_after
 
     def _supervise(self) -> None:
-        alive = {p.sentinel: local for local, p in self.procs.items()}
+        alive: dict[Any, int] = {p.sentinel: local for local, p in self.procs.items()}
         while alive:
             wait = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
             for sentinel in multiprocessing.connection.wait(list(alive), wait):
-                local = alive.pop(sentinel)  # type: ignore[call-overload]
+                local = alive.pop(sentinel)
                 proc = self.procs[local]
                 proc.join()
                 self.codes[local] = proc.exitcode
@@ -170,7 +173,7 @@ class _Supervisor:
                     self._arm()
                     self._post_death(self.first_rank + local, proc.exitcode)
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                for sentinel, local in alive.items():
+                for local in alive.values():
                     self.procs[local].kill()
 
     def _post_death(self, rank: int, code: int) -> None:
@@ -197,11 +200,14 @@ class _Supervisor:
 
     def _fail(self) -> None:
         records: list[FailureRecord] = []
-        try:
+        with contextlib.suppress(Exception):  # another node's launcher may host the store, and be gone
             records = self.channel.records()
-        except Exception:
-            pass
-        outcomes = {self.first_rank + local: RankOutcome(self.first_rank + local, code, _line(code, records, self.first_rank + local)) for local, code in self.codes.items()}
+        outcomes = {
+            self.first_rank + local: RankOutcome(
+                self.first_rank + local, code, _line(code, records, self.first_rank + local)
+            )
+            for local, code in self.codes.items()
+        }
         report = render_report(records, outcomes) if records else ""
         if self.prints_report:
             sys.stderr.write(report or f"tether: job failed; worker exit codes {self.codes}\n")
@@ -245,8 +251,12 @@ def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw
     code = 0
     try:
         topo = spec.topology
-        store = dist.TCPStore(
-            spec.master_addr, spec.master_port, topo.world_size, False, timeout=spec.timeout or datetime.timedelta(minutes=5)
+        store = TCPStore(
+            spec.master_addr,
+            spec.master_port,
+            topo.world_size,
+            False,
+            timeout=spec.timeout or datetime.timedelta(minutes=5),
         )
         start(spec.backend, topo, store, job_id=JOB_ID, hosts_store=False, options=spec.options, timeout=spec.timeout)
         fn(topo.local_rank, *args, **kwargs)

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ._record import KIND_LOST, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, record_from_exception
+from ._record import KIND_LOST, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord
 from .context import Context
 from .errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
 from .report import error_from_record
@@ -120,19 +120,19 @@ def gate(
         count = value & _COUNT_MASK
         if failed is not None:
             status = ABORT  # a consequence of a failure already posted: point at that one
-            if not isinstance(failed, TetherError) and ctx.first_report(failed):
-                record = ctx.channel.post(record_from_exception(ctx.channel.rank, failed, call))
+            record = None if isinstance(failed, TetherError) else ctx.post_own(failed, call)
+            if record is not None:
                 status = f"failed:{record.seq}"
             ctx.store.compare_set(base + "/go", "", status)
             return
         if value >> _COUNT_BITS != count * h:
-            raise _mismatch(ctx, group, signature)
+            raise ctx.watchdog.taken(_mismatch(ctx, group, signature))
         if role == "leader" or (role == "member" and count == len(group.members)):
             status = ctx.store.compare_set(base + "/go", "", "ok").decode()
         else:
             status = wait_key(ctx, base + "/go", group, seq, signature, timeout)
         if status != "ok":
-            raise _status_error(ctx, status)
+            raise ctx.watchdog.taken(_status_error(ctx, status))
 
 
 @contextmanager
@@ -169,17 +169,17 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
             try:
                 status = ctx.store.get(key).decode()
             except dist.DistNetworkError as exc:
-                raise _store_lost(ctx, exc) from exc
+                raise ctx.watchdog.taken(_store_lost(ctx, exc)) from exc
             except dist.DistStoreError:
                 if timeout is not None and time.monotonic() - start >= timeout:
-                    raise _expire(ctx, group, seq, signature, timeout) from None
+                    raise ctx.watchdog.taken(_expire(ctx, group, seq, signature, timeout)) from None
                 if not warned:
                     _warn_stall(ctx, group, seq, signature, time.monotonic() - start)
                     warned = True
                 continue
             if status == ABORT:
                 ctx.watchdog.check()
-            return status
+            return str(status)
     finally:
         ctx.watchdog.end_wait()
 
@@ -201,7 +201,7 @@ def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: fl
         except RuntimeError as exc:
             if isinstance(exc, TetherError):
                 raise
-            raise _explain_backend_error(ctx, group, exc) from exc
+            raise ctx.watchdog.taken(_explain_backend_error(ctx, group, exc)) from exc
 
 
 def _wait_event(
@@ -226,7 +226,7 @@ def _wait_event(
                 checked = True
                 _check_signature(ctx, group, seq, signature)
             if timeout is not None and elapsed >= timeout:
-                raise _expire(ctx, group, seq, signature, timeout)
+                raise ctx.watchdog.taken(_expire(ctx, group, seq, signature, timeout))
             if not warned and elapsed >= ctx.settings.warn_after:
                 warned = True
                 _warn_stall(ctx, group, seq, signature, elapsed)
@@ -236,10 +236,11 @@ def _wait_event(
 
 def _check_signature(ctx: Context, group: Group, seq: int, signature: str) -> None:
     assert ctx.store is not None and ctx.channel is not None
+    assert ctx.watchdog is not None
     h = signature_hash(signature)
     value = int(ctx.store.add(ctx.channel.key("sync", group.key, seq, "n"), 1 + (h << _COUNT_BITS)))
     if value >> _COUNT_BITS != (value & _COUNT_MASK) * h:
-        raise _mismatch(ctx, group, signature)
+        raise ctx.watchdog.taken(_mismatch(ctx, group, signature))
 
 
 # --- failure paths --------------------------------------------------------------------

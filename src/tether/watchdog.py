@@ -22,6 +22,7 @@ except the store's connection closing, which means the store's host is gone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import Store
 
 from ._record import KIND_LOST, FailureRecord
 from .channel import LEFT, Channel
@@ -98,10 +100,8 @@ class Watchdog:
     def stop(self) -> None:
         """Stop the listener and the heartbeat (the ladder, once armed, stays)."""
         self._stop.set()
-        try:
+        with contextlib.suppress(Exception):  # the store is gone: the threads end on their own errors
             self.channel.notify([self.channel.rank], "stop")
-        except Exception:  # the store is gone: the threads end on their own errors
-            pass
         for t in self._threads:
             t.join(timeout=1.0)
 
@@ -128,6 +128,11 @@ class Watchdog:
         assert self.failure is not None
         raise self.failure
 
+    def taken(self, error: TetherError) -> TetherError:
+        """Note that the main thread is about to raise ``error`` (the ladder stands down)."""
+        self._taken.set()
+        return error
+
     def wait_for_failure(self, within: float) -> TetherError | None:
         """Give the listener ``within`` seconds to deliver a failure; return it if it did."""
         deadline = self._clock() + within
@@ -137,7 +142,7 @@ class Watchdog:
 
     # --- delivering a failure -----------------------------------------------------
 
-    def deliver(self, error: TetherError, client: dist.Store | None) -> None:
+    def deliver(self, error: TetherError, client: Store | None) -> None:
         """Make ``error`` this rank's failure and wake the main thread (first one wins)."""
         with self._lock:
             if self.failure is not None:
@@ -154,9 +159,9 @@ class Watchdog:
                 log.exception("tether: could not wake the main thread's store wait")
         threading.Thread(target=self._ladder, name="tether-ladder", daemon=True).start()
 
-    def _on_fail(self, client: dist.Store) -> None:
+    def _on_fail(self, client: Store) -> None:
         root = self.channel.root_cause()
-        if root is None or root.rank == self.channel.rank and root.reporter == self.channel.rank:
+        if root is None or (root.rank == self.channel.rank and root.reporter == self.channel.rank):
             return  # nothing readable yet, or this rank's own failure
         self.deliver(error_from_record(root), client)
 
