@@ -85,9 +85,19 @@ def python(script: str, *script_args: str, bound: float, env: dict[str, str] | N
 def torchrun(script: str, *script_args: str, nproc: int, bound: float, env: dict[str, str] | None = None) -> Result:
     """Run ``tests/jobs/<script>`` under ``python -m torch.distributed.run`` on loopback."""
     args = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--monitor_interval", "0.1",
-        str(JOBS / script), *script_args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "--monitor_interval",
+        "0.1",
+        str(JOBS / script),
+        *script_args,
     ]
     return run(args, bound, env)
 
