@@ -1,17 +1,21 @@
 """Run a job in its own session, bounded from outside, and check that nothing is left.
 
 Every distributed test starts a fresh interpreter (``python script.py`` or torchrun) as
-the leader of a new session, so the test can kill the whole job by its session id and
-can prove, by scanning /proc, that no process of that session survived.
+the leader of a new session, with a unique ``TETHER_TEST_JOB`` tag in its environment.
+Every process of the job inherits the tag — torchrun's workers too, although torchrun
+starts them in sessions of their own — so the test can find, kill and prove gone every
+process of the job by scanning /proc for the tag.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +52,39 @@ def session_pids(sid: int) -> list[int]:
     return found
 
 
+def tagged_pids(tag: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``TETHER_TEST_JOB=<tag>``."""
+    needle = f"TETHER_TEST_JOB={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle: float = 3.0) -> Result:
     """Run ``args`` as a new session; kill the session at ``bound`` seconds.
 
-    ``leftovers`` lists processes of the session still alive ``settle`` seconds after
-    the leader exited (a launcher's children may take a moment to be reaped).
+    ``leftovers`` lists processes of the job still alive ``settle`` seconds after the
+    leader exited (a launcher's children may take a moment to be reaped); they are
+    killed before this returns.
     """
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    tag = uuid.uuid4().hex
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), "TETHER_TEST_JOB": tag}
     start = time.monotonic()
     proc = subprocess.Popen(
         args, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -63,17 +93,18 @@ def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle
         out, err = proc.communicate(timeout=bound)
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill(tagged_pids(tag))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         code = None
     elapsed = time.monotonic() - start
     deadline = time.monotonic() + settle
-    left = session_pids(proc.pid)
+    left = sorted(set(session_pids(proc.pid)) | set(tagged_pids(tag)))
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = session_pids(proc.pid)
-    if left:
-        os.killpg(proc.pid, signal.SIGKILL)
+        left = sorted(set(session_pids(proc.pid)) | set(tagged_pids(tag)))
+    _kill(left)
     return Result(code, out, err, elapsed, left)
 
 

@@ -5,6 +5,10 @@ any rank — an exception, an exit, a kill, a freeze, a stall — reaches every 
 within a bound, as an error naming the failing rank and its original exception.
 """
 
+from .auto import DistributedProxySampler as DistributedProxySampler
+from .auto import auto_dataloader as auto_dataloader
+from .auto import auto_model as auto_model
+from .auto import auto_optim as auto_optim
 from .collectives import all_gather as all_gather
 from .collectives import all_gather_tensors_with_shapes as all_gather_tensors_with_shapes
 from .collectives import all_reduce as all_reduce
@@ -42,6 +46,7 @@ from .spawn import spawn as spawn
 
 __all__ = [
     "BackendError",
+    "DistributedProxySampler",
     "ExitCode",
     "JobFailed",
     "Parallel",
@@ -53,6 +58,9 @@ __all__ = [
     "all_gather",
     "all_gather_tensors_with_shapes",
     "all_reduce",
+    "auto_dataloader",
+    "auto_model",
+    "auto_optim",
     "available_backends",
     "backend",
     "barrier",
@@ -79,11 +87,13 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if hasattr(_obj, "__module__") and isinstance(_obj, type | type(len) | type(lambda: 0)):
-        try:
-            _obj.__module__ = "tether"
-        except (AttributeError, TypeError):
-            pass
-del _name, _obj
+
+def _publish() -> None:
+    """Show public names as ``tether.X`` in tracebacks and reprs (trio and httpx do the same)."""
+    for name in __all__:
+        obj = globals()[name]
+        if isinstance(obj, type) or callable(obj):
+            setattr(obj, "__module__", "tether")  # noqa: B010
+
+
+_publish()

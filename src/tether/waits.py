@@ -31,6 +31,7 @@ arrived, and raises ``SyncTimeout``; the record makes every member raise the sam
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import threading
@@ -116,7 +117,12 @@ def gate(
     base = ctx.channel.key("sync", group.key, seq)
     h = signature_hash(signature)
     with in_call(ctx, call) if failed is None else _noop():
-        value = int(ctx.store.add(base + "/n", 1 + (h << _COUNT_BITS)))
+        try:
+            value = int(ctx.store.add(base + "/n", 1 + (h << _COUNT_BITS)))
+        except dist.DistNetworkError as exc:
+            if failed is not None:
+                return  # the caller re-raises its own exception
+            raise _store_lost(ctx, exc) from exc
         count = value & _COUNT_MASK
         if failed is not None:
             status = ABORT  # a consequence of a failure already posted: point at that one
@@ -192,7 +198,7 @@ def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: fl
     assert ctx.watchdog is not None
     seq = ctx.next_seq(group.key)
     with in_call(ctx, f"{signature} {_tag(group, seq)}"):
-        if not work.is_completed():
+        if not _fast_wait(work):
             done = threading.Event()
             work.get_future().add_done_callback(lambda _: done.set())
             _wait_event(ctx, done, group, seq, signature, timeout)
@@ -202,6 +208,24 @@ def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: fl
             if isinstance(exc, TetherError):
                 raise
             raise ctx.watchdog.taken(_explain_backend_error(ctx, group, exc)) from exc
+
+
+_FAST = datetime.timedelta(milliseconds=5)
+
+
+def _fast_wait(work: Any) -> bool:
+    """Wait up to 5 ms inside the backend; True when the work is done (or failed).
+
+    Most collectives finish within this slice, and a wait inside C++ wakes without the
+    two GIL hand-offs of a completion callback (measured: the callback path alone cost
+    1.2-1.8x of a raw 1 KiB all_reduce on this 2-core machine). A failure posted during
+    the slice is noticed when it ends, so it adds at most 5 ms to the notice time.
+    """
+    if work.is_completed():
+        return True
+    with contextlib.suppress(RuntimeError):  # "Operation timed out!" leaves the work valid
+        work.wait(timeout=_FAST)
+    return bool(work.is_completed())
 
 
 def _wait_event(
@@ -238,7 +262,10 @@ def _check_signature(ctx: Context, group: Group, seq: int, signature: str) -> No
     assert ctx.store is not None and ctx.channel is not None
     assert ctx.watchdog is not None
     h = signature_hash(signature)
-    value = int(ctx.store.add(ctx.channel.key("sync", group.key, seq, "n"), 1 + (h << _COUNT_BITS)))
+    try:
+        value = int(ctx.store.add(ctx.channel.key("sync", group.key, seq, "n"), 1 + (h << _COUNT_BITS)))
+    except dist.DistNetworkError as exc:
+        raise _store_lost(ctx, exc) from exc
     if value >> _COUNT_BITS != (value & _COUNT_MASK) * h:
         raise ctx.watchdog.taken(_mismatch(ctx, group, signature))
 

@@ -1,0 +1,161 @@
+"""Two nodes on one machine: 2 launcher processes x 2 ranks each, on loopback.
+
+Each node is its own launcher process (``tether.spawn(nnodes=2, node_rank=K)``, or
+``torchrun --nnodes 2 --node_rank K`` with the static rendezvous), both started by
+``jobs/two_nodes_driver.py`` so the whole job is one session for the harness. Ranks
+report ``EVENT {json}`` lines (``jobs/two_nodes_job.py``). torchrun starts its workers
+in sessions of their own, so every test also checks, by pid, that each rank and each
+launcher it saw is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import _harness
+
+# Start-up on this 2-core machine is most of a job's time (5-7 interpreters import
+# torch); the bounds below are for the whole job, the failure bounds for the reaction.
+JOB_BOUND = 300.0
+NOTICE_BOUND_S = 2.0  # a failure post -> every other rank raised (target: 50 ms)
+LOST_BOUND_S = 15.0  # a node SIGKILLed -> its peers raised (heartbeat 0.5 s, lost_after 3 s; target 10 s)
+HOST_LOST_BOUND_S = 10.0  # the store's host SIGKILLed -> every other rank raised
+END_BOUND_S = 30.0  # the failure -> both launchers exited
+
+pytestmark = pytest.mark.timeout(JOB_BOUND + 30)
+
+
+def events(result: _harness.Result) -> list[dict[str, Any]]:
+    return [json.loads(line[len("EVENT ") :]) for line in result.stdout.splitlines() if line.startswith("EVENT {")]
+
+
+def of(evs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in evs if e["event"] == name]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def assert_nothing_left(result: _harness.Result, evs: list[dict[str, Any]]) -> None:
+    assert result.leftovers == [], f"processes left in the job's session: {result.leftovers}"
+    pids = [e["pid"] for e in of(evs, "joined")] + [p for e in of(evs, "nodes") for p in e["pids"]]
+    deadline = time.monotonic() + 5.0
+    alive = [p for p in pids if pid_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if pid_alive(p)]
+    assert alive == [], f"ranks or launchers still alive: {alive}"
+
+
+def run(launcher: str, case: str, *extra: str) -> tuple[_harness.Result, list[dict[str, Any]]]:
+    result = _harness.python(
+        "two_nodes_driver.py", launcher, case, "--bound", str(JOB_BOUND - 20), *extra, bound=JOB_BOUND
+    )
+    evs = events(result)
+    assert len(of(evs, "joined")) == 4, result.output[-4000:]
+    return result, evs
+
+
+def report(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    with capsys.disabled():
+        print(f"\n  [two nodes] {text}")
+
+
+LAUNCHERS = ["spawn", pytest.param("torchrun", marks=pytest.mark.full)]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_happy_path_across_two_nodes(launcher: str) -> None:
+    result, evs = run(launcher, "happy")
+    assert result.returncode == 0, result.output[-4000:]
+    happy = sorted(of(evs, "happy"), key=lambda e: e["rank"])
+    assert [e["rank"] for e in happy] == [0, 1, 2, 3]
+    for e in happy:
+        assert e["total"] == 1 + 2 + 3 + 4
+        assert e["gathered"] == [0, 0, 0, 1, 1, 0, 1, 1]
+        assert e["names"] == ["node0-local0", "node0-local1", "node1-local0", "node1-local1"]
+    assert sorted(e["rank"] for e in of(evs, "done")) == [0, 1, 2, 3]
+    assert [e["code"] for e in of(evs, "node_exit")] == [0, 0]
+    assert_nothing_left(result, evs)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_one_rank_first_local_waits_per_node(launcher: str) -> None:
+    result, evs = run(launcher, "local_first")
+    assert result.returncode == 0, result.output[-4000:]
+    block = {(e["node"], e["local"]): e for e in of(evs, "block")}
+    assert len(block) == 4
+    for node in (0, 1):  # on each node, local rank 1 starts after local rank 0 finished
+        assert block[node, 1]["t_in"] >= block[node, 0]["t_out"]
+    # node 1 did not wait for node 0's (3 s) block: its local rank 1 went in well before
+    assert block[1, 1]["t_in"] < block[0, 0]["t_out"] - 1.0
+    assert_nothing_left(result, evs)
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+def test_failure_on_node_1_reaches_node_0(launcher: str, capsys: pytest.CaptureFixture[str]) -> None:
+    result, evs = run(launcher, "raise")
+    assert result.returncode != 0
+    (raised,) = of(evs, "raise")
+    caught = {e["rank"]: e for e in of(evs, "caught")}
+    assert sorted(caught) == [0, 1, 2], result.output[-4000:]
+    for e in caught.values():
+        assert (e["exc"], e["failed"], e["orig"]) == ("PeerFailure", 3, "ValueError"), e
+        assert e["msg"].startswith("rank 3 failed: ValueError: injected failure on node 1, rank 3"), e
+    notice = {rank: e["notice_ms"] for rank, e in caught.items()}
+    report(capsys, f"{launcher}: rank 3's failure post -> raised on ranks {notice} (ms; target 50)")
+    assert max(notice.values()) < NOTICE_BOUND_S * 1000
+    assert max(e["t"] for e in caught.values()) - raised["t"] < NOTICE_BOUND_S
+    assert max(e["t"] for e in of(evs, "node_exit")) - raised["t"] < END_BOUND_S
+    assert "ValueError: injected failure on node 1, rank 3" in result.stderr
+    if launcher == "spawn":  # node 0's launcher prints the one root-cause report
+        assert "Root cause: rank 3 failed: ValueError: injected failure on node 1, rank 3" in result.stderr
+    assert_nothing_left(result, evs)
+
+
+def test_whole_node_lost_is_detected_by_heartbeats(capsys: pytest.CaptureFixture[str]) -> None:
+    result, evs = run("spawn", "node_lost", "--kill-node", "1")
+    assert result.returncode != 0
+    (kill,) = of(evs, "kill")
+    caught = {e["rank"]: e for e in of(evs, "caught")}
+    assert sorted(caught) == [0, 1], result.output[-4000:]
+    for e in caught.values():
+        assert e["exc"] == "PeerLost" and e["failed"] in (2, 3) and e["orig"] == "Lost", e
+    detected = max(e["t"] for e in caught.values()) - kill["t"]
+    report(capsys, f"spawn: node 1's launcher SIGKILLed -> node 0 raised PeerLost after {detected:.2f} s (target 10)")
+    assert detected < LOST_BOUND_S
+    codes = {e["node"]: e["code"] for e in of(evs, "node_exit")}
+    assert codes[1] == -9 and codes[0] != 0
+    assert max(e["t"] for e in of(evs, "node_exit")) - kill["t"] < END_BOUND_S
+    assert "Root cause: rank 2 failed: Lost: no heartbeat" in result.stderr
+    assert_nothing_left(result, evs)  # node 1's ranks died with their launcher (PDEATHSIG)
+
+
+def test_store_host_lost_reaches_the_other_node(capsys: pytest.CaptureFixture[str]) -> None:
+    result, evs = run("spawn", "host_lost", "--kill-node", "0")
+    assert result.returncode != 0
+    (kill,) = of(evs, "kill")
+    caught = {e["rank"]: e for e in of(evs, "caught")}
+    assert sorted(caught) == [2, 3], result.output[-4000:]
+    for e in caught.values():
+        assert e["exc"] == "PeerLost" and e["failed"] == -1 and e["orig"] == "StoreLost", e
+        assert "the launcher hosting the store lost" in e["msg"]
+    detected = max(e["t"] for e in caught.values()) - kill["t"]
+    report(capsys, f"spawn: node 0's launcher (store host) SIGKILLed -> node 1 raised PeerLost after {detected:.2f} s")
+    assert detected < HOST_LOST_BOUND_S
+    codes = {e["node"]: e["code"] for e in of(evs, "node_exit")}
+    assert codes[0] == -9 and codes[1] != 0
+    assert max(e["t"] for e in of(evs, "node_exit")) - kill["t"] < END_BOUND_S
+    # tether itself (not only the job's EVENT lines) says why node 1 stopped
+    assert "the launcher hosting the store lost" in result.stderr
+    assert_nothing_left(result, evs)
