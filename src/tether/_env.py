@@ -88,7 +88,7 @@ def parse_init_method(init_method: str | None) -> tuple[str, int] | None:
         return None
     if init_method.startswith("tcp://"):
         host, _, port = init_method[len("tcp://") :].rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"init_method must look like tcp://HOST:PORT, got {init_method!r}")
         return host.strip("[]"), int(port)
     raise ValueError(

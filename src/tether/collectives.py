@@ -69,6 +69,7 @@ def all_reduce(
         return tensor
     number = not isinstance(tensor, torch.Tensor)
     t = torch.tensor(tensor, device=ctx.backend.device()) if number else _to_device(ctx, tensor)
+    ctx.check()  # never send into a job that already failed: the work would outlive the rank
     work = dist.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
     _run(ctx, work, members, f"all_reduce({op}, {_describe(t)})", timeout)
     if number:
@@ -85,6 +86,7 @@ def _gather_tensor(
     if t.ndim == 0:
         t = t.unsqueeze(0)
     out = [torch.empty_like(t) for _ in members.members]
+    ctx.check()
     work = dist.all_gather(out, t, group=members.pg, async_op=True)
     _run(ctx, work, members, f"{signature}({_describe(t)})", timeout)
     return torch.cat(out, dim=0)
@@ -224,6 +226,7 @@ def broadcast(
     device = ctx.backend.device()
 
     def send(t: torch.Tensor, what: str) -> torch.Tensor:
+        ctx.check()
         work = dist.broadcast(t, src=src, group=members.pg, async_op=True)
         _run(ctx, work, members, f"broadcast(src={src}, {what})", timeout)
         return t

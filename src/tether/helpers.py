@@ -100,7 +100,11 @@ def one_rank_first(rank: int = 0, local: bool = False, timeout: float | None = N
     """
     ctx = current()
     topo = ctx.backend.topology
-    check_rank(rank, topo.nproc_per_node if local else topo.world_size, "one_rank_first")
+    check_rank(
+        rank,
+        topo.nproc_per_node if local else topo.world_size,
+        "one_rank_first(local=True)" if local else "one_rank_first",
+    )
     timeout = check_timeout(timeout, "one_rank_first")
     if not ctx.backend.distributed:
         yield

@@ -34,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
+import socket
 import threading
 import time
 import zlib
@@ -305,6 +307,8 @@ def _expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float
         message=str(own).splitlines()[0],
         where=f"{signature} {tag}",
         time=time.time(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
         reporter=me,
         detail={"call": call, "timeout": timeout, "missing": missing, "whereabouts": where},
     )
@@ -328,6 +332,8 @@ def _mismatch(ctx: Context, group: Group, signature: str) -> TetherError:
         message=str(own),
         where=signature,
         time=time.time(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
         reporter=me,
         detail={"calls": {str(k): v for k, v in calls.items()}},
     )

@@ -1,0 +1,248 @@
+"""Bad input (DESIGN.md, F9): a clear ValueError/TypeError, identical on every rank, before any wait.
+
+Misuse of a launcher (``spawn``, ``Parallel``, ``initialize``) and of the syncs without a
+process group is checked in this process; bad input inside a job runs on gloo
+(``tests/jobs/core_bad_input.py``), where every rank must raise the same error and no
+rank may diverge into a wait.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tether as idist
+from _core import JOB_BOUND, TEST_TIMEOUT, assert_ended, assert_no_leftovers, lines, results, tail
+from _harness import python, torchrun
+
+# --- inside a job -------------------------------------------------------------------
+
+EXPECTED = {  # call -> (type, start of the message), as raised on every rank of 4
+    "one_rank_first(rank=7)": ("ValueError", "one_rank_first: rank should be between 0 and 3, but given 7"),
+    "one_rank_first(rank=-1)": ("ValueError", "one_rank_first: rank should be between 0 and 3, but given -1"),
+    "one_rank_first(rank='0')": ("TypeError", "one_rank_first: rank must be an int"),
+    "one_rank_first(rank=1.0)": ("TypeError", "one_rank_first: rank must be an int"),
+    "one_rank_first(rank=4, local=True)": ("ValueError", "one_rank_first: rank should be between 0 and 3"),
+    "one_rank_first(timeout=0)": ("ValueError", "one_rank_first: timeout must be a positive number"),
+    "one_rank_only(rank=4)": ("ValueError", "one_rank_only: rank should be between 0 and 3, but given 4"),
+    "barrier(timeout=-1)": ("ValueError", "barrier: timeout must be a positive number"),
+    "barrier(group=[0, 7])": ("ValueError", "ranks must be a non-empty list of ranks in [0, 4)"),
+    "all_reduce('abc')": ("TypeError", "all_reduce: unhandled input type str"),
+    "all_reduce(op='MEAN')": ("ValueError", "all_reduce: unsupported reduction operation 'MEAN'"),
+    "all_reduce(group='abc')": ("ValueError", "group must be None, a list of int or a ProcessGroup"),
+    "all_reduce(timeout=0)": ("ValueError", "all_reduce: timeout must be a positive number"),
+    "all_gather(group=[9])": ("ValueError", "ranks must be a non-empty list of ranks in [0, 4)"),
+    "all_gather_tensors_with_shapes(3 shapes)": ("ValueError", "all_gather_tensors_with_shapes: need 4 shapes"),
+    "all_gather_tensors_with_shapes(list)": (
+        "TypeError",
+        "all_gather_tensors_with_shapes: tensor must be a torch.Tensor",
+    ),
+    "broadcast([1, 2])": ("TypeError", "broadcast: unhandled input type list"),
+    "broadcast(src=4)": ("ValueError", "broadcast: rank should be between 0 and 3, but given 4"),
+    "broadcast(src='0')": ("TypeError", "broadcast: rank must be an int"),
+    "new_group([0, 9])": ("ValueError", "ranks must be a non-empty list of ranks in [0, 4)"),
+    "new_group([])": ("ValueError", "ranks must be a non-empty list of ranks in [0, 4)"),
+}
+OUT_OF_RANGE = "one_rank_first: rank should be between 0 and 3, but given 7"
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+@pytest.mark.parametrize("launcher", ["spawn", pytest.param("init", marks=pytest.mark.full)])
+def test_bad_input_in_a_job_raises_the_same_error_on_every_rank_before_any_wait(launcher: str) -> None:
+    world = 4
+    if launcher == "init":
+        res = torchrun("core_bad_input.py", launcher, str(world), nproc=world, bound=JOB_BOUND)
+    else:
+        res = python("core_bad_input.py", launcher, str(world), bound=JOB_BOUND)
+    assert_ended(res)
+    bad = {d["rank"]: d for d in lines(res, "BAD")}
+    assert sorted(bad) == list(range(world)), tail(res)
+    for rank, d in bad.items():
+        # every caught bad call raised the expected error...
+        got = {name: (kind, message) for name, kind, message in d["errors"]}
+        assert set(got) == set(EXPECTED), got
+        for name, (kind, start) in EXPECTED.items():
+            assert got[name][0] == kind and got[name][1].startswith(start), f"rank {rank}, {name}: {got[name]}"
+        # ...identical on every rank, and no rank diverged into a wait: the next all_reduce
+        # met every rank
+        assert d["errors"] == bad[0]["errors"], f"rank {rank} differs from rank 0"
+        assert d["sum"] == world, d
+    # then one_rank_first(rank=7), uncaught: every rank raised its own ValueError at once
+    got = results(res)
+    assert sorted(got) == list(range(world)), tail(res)
+    for rank, d in got.items():
+        assert d["exc"] == "ValueError" and d["msg"] == OUT_OF_RANGE, f"rank {rank}: {d}"
+        assert d["phase"] == "one_rank_first(rank=7) uncaught", d
+    assert res.returncode != 0, tail(res)
+    assert f"ValueError: {OUT_OF_RANGE}" in res.output, tail(res)
+    if launcher == "spawn":
+        assert res.stderr.count("tether: job failed. Root cause: ") == 1, tail(res)
+        origin = next(line for line in res.stderr.splitlines() if line.startswith("  on host"))
+        assert "core_bad_input.py" in origin, origin  # the user's `with`, not contextlib's __enter__
+    assert_no_leftovers(res)
+
+
+# --- launchers, in this process --------------------------------------------------------
+
+
+def work(local_rank: int) -> None:  # never runs: every call below fails before spawning
+    raise AssertionError("spawned")
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind", "match"),
+    [
+        ("foo", ValueError, r"unknown backend 'foo'; choose one of \('gloo', 'nccl', 'mpi'\)"),
+        ("xla-tpu", ValueError, r"backend 'xla-tpu' is not supported: tether does not support XLA/TPU"),
+        ("horovod", ValueError, r"backend 'horovod' is not supported: tether does not support Horovod"),
+        (None, TypeError, r"backend must be a str such as 'gloo' or 'nccl', got NoneType"),
+        (3, TypeError, r"backend must be a str"),
+    ],
+)
+def test_spawn_parallel_and_initialize_reject_bad_backends(backend: object, kind: type, match: str) -> None:
+    with pytest.raises(kind, match=match):
+        idist.spawn(backend, work, (), nproc_per_node=2)  # type: ignore[arg-type]
+    if backend is not None:
+        with pytest.raises(kind, match=match):
+            idist.Parallel(backend=backend, nproc_per_node=2)  # type: ignore[arg-type]
+    with pytest.raises(kind, match=match):
+        idist.initialize(backend)  # type: ignore[arg-type]
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"nproc_per_node": 0}, r"nproc_per_node must be an int >= 1, got 0"),
+        ({"nproc_per_node": -2}, r"nproc_per_node must be an int >= 1, got -2"),
+        ({"nproc_per_node": "2"}, r"nproc_per_node must be an int >= 1, got '2'"),
+        ({"nproc_per_node": True}, r"nproc_per_node must be an int >= 1, got True"),
+        ({"nproc_per_node": 1, "nnodes": 0}, r"nnodes must be an int >= 1, got 0"),
+        (
+            {"nproc_per_node": 1, "nnodes": 2, "node_rank": 2, "master_port": 1234},
+            r"node_rank must be an int in \[0, 2\)",
+        ),
+        ({"nproc_per_node": 1, "nnodes": 2, "node_rank": 1}, r"nnodes > 1 needs master_port"),
+        ({"nproc_per_node": 1, "init_method": "file:///tmp/x"}, r"init_method 'file:///tmp/x' is not supported"),
+        ({"nproc_per_node": 1, "init_method": "tcp://nohost"}, r"init_method must look like tcp://HOST:PORT"),
+        ({"nproc_per_node": 1, "timeout": -1}, r"timeout must be a datetime.timedelta or a positive number"),
+        ({"nproc_per_node": 1, "start_method": "thread"}, r"start_method must be one of"),
+    ],
+)
+def test_spawn_rejects_bad_arguments_before_starting_any_process(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        idist.spawn("gloo", work, (), **kwargs)  # type: ignore[arg-type]
+
+
+def test_spawn_rejects_an_unknown_keyword_argument() -> None:
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\): \['nprocs'\]"):
+        idist.spawn("gloo", work, (), nprocs=2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"backend": None, "nproc_per_node": 2},
+            r"with backend=None \(serial\), \['nproc_per_node'\] must not be given",
+        ),
+        ({"backend": None, "master_port": 1234}, r"with backend=None \(serial\), \['master_port'\] must not be given"),
+        ({"backend": "gloo", "nproc_per_node": 0}, r"nproc_per_node must be an int >= 1, got 0"),
+        ({"backend": "gloo", "nproc_per_node": "4"}, r"nproc_per_node must be an int >= 1, got '4'"),
+    ],
+)
+def test_parallel_rejects_bad_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        idist.Parallel(**kwargs)  # type: ignore[arg-type]
+
+
+def test_parallel_rejects_nproc_per_node_under_a_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"nproc_per_node is given, but this process already runs under a launcher"):
+        idist.Parallel("gloo", nproc_per_node=2)
+
+
+def test_initialize_outside_a_launcher_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"RANK and WORLD_SIZE are not set; run under torchrun"):
+        idist.initialize("gloo")
+    with pytest.raises(ValueError, match=r"pass both rank and world_size as int, or neither"):
+        idist.initialize("gloo", rank=0)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\): \['nproc_per_node'\]"):
+        idist.initialize("gloo", rank=0, world_size=1, nproc_per_node=1)
+    with pytest.raises(ValueError, match=r"timeout must be a datetime.timedelta or a positive number"):
+        idist.initialize("gloo", timeout="10")
+    assert not torch.distributed.is_initialized()
+
+
+# --- the syncs without a process group (validation does not depend on it) -------------
+
+
+def test_one_rank_first_rejects_out_of_range_and_non_int_ranks() -> None:
+    with (
+        pytest.raises(ValueError, match=r"one_rank_first: rank should be between 0 and 0, but given 1"),
+        idist.one_rank_first(rank=1),
+    ):
+        pass
+    with (
+        pytest.raises(ValueError, match=r"one_rank_first: rank should be between 0 and 0, but given -1"),
+        idist.one_rank_first(rank=-1),
+    ):
+        pass
+    with (
+        pytest.raises(TypeError, match=r"one_rank_first: rank must be an int, got str '0'"),
+        idist.one_rank_first(rank="0"),
+    ):  # type: ignore[arg-type]
+        pass
+    with (
+        pytest.raises(TypeError, match=r"one_rank_first: rank must be an int, got bool"),
+        idist.one_rank_first(rank=True),
+    ):
+        pass
+    with (
+        pytest.raises(ValueError, match=r"one_rank_first: timeout must be a positive number"),
+        idist.one_rank_first(timeout=-1),
+    ):
+        pass
+
+
+def test_one_rank_only_rejects_a_bad_rank_when_called() -> None:
+    @idist.one_rank_only(rank=3)
+    def f() -> None:
+        pass
+
+    with pytest.raises(ValueError, match=r"one_rank_only: rank should be between 0 and 0, but given 3"):
+        f()
+
+
+@pytest.mark.parametrize(
+    ("call", "kind", "match"),
+    [
+        (
+            lambda: idist.all_reduce("abc"),
+            TypeError,
+            r"all_reduce: unhandled input type str; pass a tensor or a number",
+        ),
+        (lambda: idist.all_reduce([1, 2]), TypeError, r"all_reduce: unhandled input type list"),
+        (lambda: idist.all_reduce(1, op="mean"), ValueError, r"all_reduce: unsupported reduction operation 'mean'"),
+        (lambda: idist.all_reduce(1, timeout=0), ValueError, r"all_reduce: timeout must be a positive number"),
+        (lambda: idist.broadcast([1, 2]), TypeError, r"broadcast: unhandled input type list"),
+        (lambda: idist.broadcast({"a": 1}), TypeError, r"broadcast: unhandled input type dict"),
+        (lambda: idist.broadcast(None), ValueError, r"broadcast: source data can not be None"),
+        (lambda: idist.broadcast(1, src=1), ValueError, r"broadcast: rank should be between 0 and 0, but given 1"),
+        (
+            lambda: idist.all_gather_tensors_with_shapes([1], [[1]]),
+            TypeError,
+            r"tensor must be a torch.Tensor, got list",
+        ),
+        (lambda: idist.barrier(timeout=0), ValueError, r"barrier: timeout must be a positive number"),
+        (lambda: idist.new_group([1]), ValueError, r"ranks must be a non-empty list of ranks in \[0, 1\), got \[1\]"),
+        (lambda: idist.new_group("0"), ValueError, r"ranks must be a list of int"),
+        (lambda: idist.set_local_rank(-1), ValueError, r"set_local_rank: index must be a non-negative int"),
+    ],
+)
+def test_collectives_reject_unsupported_input_with_a_clear_error(call: object, kind: type, match: str) -> None:
+    with pytest.raises(kind, match=match):
+        call()  # type: ignore[operator]

@@ -1,0 +1,229 @@
+"""The failure record (versioned JSON, never pickle) and the one root-cause report, in-process."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+
+import pytest
+
+from tether import JobFailed, PeerFailure, PeerLost, SyncMismatch, SyncTimeout
+from tether._record import (
+    KIND_EXCEPTION,
+    KIND_EXIT,
+    KIND_LOST,
+    KIND_MISMATCH,
+    KIND_SIGNAL,
+    KIND_TIMEOUT,
+    RECORD_VERSION,
+    FailureRecord,
+    record_from_exception,
+)
+from tether.report import RankOutcome, describe_exit, error_from_record, render_report
+
+
+def record(rank: int = 2, seq: int = 1, **kw: object) -> FailureRecord:
+    fields: dict[str, object] = {
+        "rank": rank,
+        "kind": KIND_EXCEPTION,
+        "exc_type": "ValueError",
+        "message": f"bad thing on rank {rank}",
+        "traceback": "Traceback (most recent call last):\n  ...\nValueError: bad thing\n",
+        "host": "node7",
+        "pid": 4242,
+        "time": 1700000000.5,
+        "where": "one_rank_first(rank=2, local=False)",
+        "frame": "train.py:12 in main",
+        "seq": seq,
+        "reporter": rank,
+    }
+    fields.update(kw)
+    return FailureRecord(**fields)  # type: ignore[arg-type]
+
+
+# --- the record ---------------------------------------------------------------------
+
+
+def test_record_round_trips_through_json_unchanged() -> None:
+    rec = record(detail={"missing": [1, 3], "whereabouts": {"1": "in barrier"}})
+    text = rec.to_json()
+    assert json.loads(text)["version"] == RECORD_VERSION
+    assert FailureRecord.from_json(text) == rec
+    assert FailureRecord.from_json(text.encode()) == rec  # the store hands back bytes
+
+
+def test_record_from_json_ignores_fields_it_does_not_know() -> None:
+    data = json.loads(record().to_json())
+    data["added_in_a_later_release"] = {"x": 1}
+    assert FailureRecord.from_json(json.dumps(data)) == record()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps({**json.loads(record().to_json()), "version": RECORD_VERSION + 1}),
+        json.dumps({k: v for k, v in json.loads(record().to_json()).items() if k != "version"}),
+        json.dumps([1, 2, 3]),
+        json.dumps("rank 0 failed"),
+    ],
+    ids=["newer-version", "no-version", "a-list", "a-string"],
+)
+def test_record_from_json_rejects_other_versions_and_shapes(text: str) -> None:
+    with pytest.raises(ValueError, match=f"not a tether failure record of version {RECORD_VERSION}"):
+        FailureRecord.from_json(text)
+
+
+def test_record_from_json_rejects_non_json() -> None:
+    with pytest.raises(ValueError):
+        FailureRecord.from_json(pickle.dumps(record()))
+
+
+def test_record_headline_and_seq() -> None:
+    rec = record(rank=3, seq=0)
+    assert rec.headline == "rank 3 failed: ValueError: bad thing on rank 3"
+    assert rec.with_seq(5).seq == 5 and rec.seq == 0
+
+
+def test_record_from_exception_describes_the_exception_and_the_users_frame() -> None:
+    def user_code() -> None:
+        raise KeyError("missing shard")
+
+    try:
+        user_code()
+    except KeyError as exc:
+        rec = record_from_exception(1, exc, "user code")
+    assert (rec.rank, rec.kind, rec.exc_type, rec.reporter) == (1, KIND_EXCEPTION, "KeyError", 1)
+    assert rec.message == "'missing shard'"
+    assert "KeyError: 'missing shard'" in rec.traceback
+    assert rec.frame.endswith("in user_code") and "test_report.py" in rec.frame
+    assert rec.pid > 0 and rec.host and rec.time > 0
+    assert FailureRecord.from_json(rec.to_json()) == rec
+
+
+def test_record_from_system_exit_is_an_exit() -> None:
+    try:
+        raise SystemExit(3)
+    except SystemExit as exc:
+        rec = record_from_exception(0, exc, "user code")
+    assert (rec.kind, rec.exc_type, rec.message) == (KIND_EXIT, "SystemExit", "exit code 3")
+
+
+# --- what a survivor raises -----------------------------------------------------------
+
+
+def test_error_from_record_picks_the_documented_exception() -> None:
+    err = error_from_record(record())
+    assert type(err) is PeerFailure
+    assert str(err).startswith("rank 2 failed: ValueError: bad thing on rank 2")
+    assert (err.rank, err.host, err.pid, err.exc_type, err.message) == (
+        2,
+        "node7",
+        4242,
+        "ValueError",
+        "bad thing on rank 2",
+    )
+    assert err.traceback.endswith("ValueError: bad thing\n")
+    assert err.where == "one_rank_first(rank=2, local=False)"
+    assert type(error_from_record(record(kind=KIND_LOST, exc_type="Lost"))) is PeerLost
+    assert type(error_from_record(record(kind=KIND_SIGNAL, exc_type="SIGKILL"))) is PeerLost
+    timeout = error_from_record(
+        record(
+            kind=KIND_TIMEOUT,
+            detail={"call": "barrier on w", "timeout": 5, "missing": [3], "whereabouts": {"3": "in user code"}},
+        )
+    )
+    assert isinstance(timeout, SyncTimeout)
+    assert (timeout.call, timeout.timeout, timeout.missing, timeout.whereabouts) == (
+        "barrier on w",
+        5.0,
+        [3],
+        {3: "in user code"},
+    )
+    mismatch = error_from_record(record(kind=KIND_MISMATCH, detail={"calls": {"0": "barrier", "1": "all_reduce"}}))
+    assert isinstance(mismatch, SyncMismatch) and mismatch.calls == {0: "barrier", 1: "all_reduce"}
+
+
+def test_tether_errors_survive_pickling() -> None:
+    for err in (
+        error_from_record(record()),
+        error_from_record(record(kind=KIND_LOST)),
+        SyncTimeout("barrier", 2.0, [1], {1: "in user code"}),
+        SyncMismatch({0: "barrier", 1: "all_reduce"}),
+        JobFailed(record(), {0: 1, 1: 3}, "report"),
+    ):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)
+
+
+# --- the report -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        (-9, "killed by SIGKILL"),
+        (-signal.SIGTERM, "killed by SIGTERM"),
+        (-11, "killed by SIGSEGV"),
+        (-200, "killed by signal 200"),
+        (0, "exited with code 0"),
+        (3, "exited with code 3"),
+        (None, "still running"),
+    ],
+)
+def test_describe_exit(code: int | None, text: str) -> None:
+    assert describe_exit(code) == text
+
+
+def test_report_puts_the_root_cause_first_then_consequences_in_order_then_ranks() -> None:
+    root = record(rank=2, seq=1)
+    later = [
+        record(rank=0, seq=2, kind=KIND_LOST, exc_type="Lost", message="no heartbeat", reporter=1),
+        record(rank=3, seq=3, exc_type="SyncTimeout", message="barrier timed out"),
+    ]
+    outcomes = {r: RankOutcome(r, c) for r, c in {3: 3, 0: -9, 2: 1, 1: 0}.items()}
+    outcomes[2] = RankOutcome(2, 1, "ROOT CAUSE: ValueError: bad thing on rank 2 (exited with code 1)")
+    text = render_report([root, *later], outcomes)
+    lines = text.splitlines()
+    assert lines[0] == lines[-1] == "=" * 72
+    assert lines[1] == "tether: job failed. Root cause: rank 2 failed: ValueError: bad thing on rank 2"
+    assert lines[2] == "  on host node7, pid 4242, in one_rank_first(rank=2, local=False), at train.py:12 in main"
+    assert "ValueError: bad thing" in text
+    i = lines.index("Consequences, in order:")
+    assert lines[i + 1 : i + 3] == [
+        "  #2 rank 0 failed: Lost: no heartbeat",
+        "  #3 rank 3 failed: SyncTimeout: barrier timed out",
+    ]
+    j = lines.index("Ranks:")
+    assert j > i
+    assert lines[j + 1 : j + 5] == [
+        "  rank 0: killed by SIGKILL",
+        "  rank 1: exited with code 0",
+        "  rank 2: ROOT CAUSE: ValueError: bad thing on rank 2 (exited with code 1)",
+        "  rank 3: exited with code 3",
+    ]
+    assert text.count("Root cause") == 1  # the root cause is named once
+
+
+def test_report_names_who_noticed_a_death_without_record() -> None:
+    killed = record(
+        rank=1,
+        kind=KIND_SIGNAL,
+        exc_type="SIGKILL",
+        message="process killed by SIGKILL",
+        reporter=-1,
+        traceback="",
+        where="",
+        frame="",
+    )
+    text = render_report([killed])
+    assert "Root cause: rank 1 failed: SIGKILL: process killed by SIGKILL" in text
+    assert "(noticed and posted by the launcher)" in text
+    assert "Consequences" not in text and "Ranks:" not in text
+    lost = record(rank=1, kind=KIND_LOST, exc_type="Lost", message="silent", reporter=0)
+    assert "(noticed and posted by rank 0)" in render_report([lost])
+
+
+def test_report_is_empty_without_records() -> None:
+    assert render_report([]) == ""
+    assert render_report([], {0: RankOutcome(0, 1)}) == ""
