@@ -38,12 +38,16 @@ EXPECTED_ALL = [
     "get_nproc_per_node",
     "get_rank",
     "get_world_size",
+    "has_hvd_support",
+    "has_native_dist_support",
+    "has_xla_support",
     "hostname",
     "initialize",
     "model_name",
     "new_group",
     "one_rank_first",
     "one_rank_only",
+    "registered_computation_models",
     "set_local_rank",
     "show_config",
     "spawn",
@@ -111,13 +115,11 @@ def test_import_tether_as_idist_exposes_ignites_api() -> None:
             assert callable(getattr(idist, name)), name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tether does not (yet) offer ignite's capability probes has_native_dist_support, has_xla_support, "
-    "has_hvd_support, registered_computation_models; ignite code that calls them gets AttributeError",
-)
 def test_import_tether_as_idist_exposes_ignites_capability_probes() -> None:
     assert [name for name in IGNITE_PROBES if not hasattr(idist, name)] == []
+    assert idist.has_native_dist_support is True
+    assert idist.has_xla_support is False and idist.has_hvd_support is False
+    assert [m.name for m in idist.registered_computation_models] == ["serial", "native-dist"]
 
 
 def test_signatures_match_ignites() -> None:

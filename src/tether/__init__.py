@@ -34,8 +34,12 @@ from .info import get_node_rank as get_node_rank
 from .info import get_nproc_per_node as get_nproc_per_node
 from .info import get_rank as get_rank
 from .info import get_world_size as get_world_size
+from .info import has_hvd_support as has_hvd_support
+from .info import has_native_dist_support as has_native_dist_support
+from .info import has_xla_support as has_xla_support
 from .info import hostname as hostname
 from .info import model_name as model_name
+from .info import registered_computation_models as registered_computation_models
 from .info import show_config as show_config
 from .launch import finalize as finalize
 from .launch import initialize as initialize
@@ -73,12 +77,16 @@ __all__ = [
     "get_nproc_per_node",
     "get_rank",
     "get_world_size",
+    "has_hvd_support",
+    "has_native_dist_support",
+    "has_xla_support",
     "hostname",
     "initialize",
     "model_name",
     "new_group",
     "one_rank_first",
     "one_rank_only",
+    "registered_computation_models",
     "set_local_rank",
     "show_config",
     "spawn",

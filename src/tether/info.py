@@ -6,11 +6,18 @@ import logging
 import socket
 
 import torch
+import torch.distributed as dist
 
 from . import backends
 from .context import current
 
 log = logging.getLogger("tether")
+
+# ignite's capability probes, for code that branches on what the installation offers.
+has_native_dist_support: bool = dist.is_available()
+has_xla_support = False  # tether does not run on XLA/TPU
+has_hvd_support = False  # nor with Horovod
+registered_computation_models: list[type[backends.Backend]] = [backends.Backend, backends.NativeBackend]
 
 
 def get_rank() -> int:
