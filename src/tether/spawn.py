@@ -22,14 +22,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from torch._C._distributed_c10d import TCPStore
 
 from ._env import Topology, parse_init_method
-from ._record import KIND_EXIT, KIND_SIGNAL, FailureRecord
+from ._record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord
 from .backends import check_backend
 from .channel import Channel
 from .errors import ExitCode, JobFailed, TetherError
@@ -173,8 +173,17 @@ class _Supervisor:
                 if proc.exitcode:
                     self._arm()
                     self._post_death(self.first_rank + local, proc.exitcode)
+                    self._kill_lost(alive.values())
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 for local in alive.values():
+                    self.procs[local].kill()
+
+    def _kill_lost(self, alive: Iterable[int]) -> None:
+        """Kill at once a child that the channel declared lost (frozen): it cannot recover."""
+        with contextlib.suppress(Exception):
+            lost = {r.rank for r in self.channel.records() if r.kind == KIND_LOST}
+            for local in alive:
+                if self.first_rank + local in lost:
                     self.procs[local].kill()
 
     def _post_death(self, rank: int, code: int) -> None:

@@ -141,6 +141,19 @@ def gate(
             status = wait_key(ctx, base + "/go", group, seq, signature, timeout)
         if status != "ok":
             raise ctx.watchdog.taken(_status_error(ctx, status))
+        if count == len(group.members) and seq > 1:
+            _forget(ctx, group, seq - 1)
+
+
+def _forget(ctx: Context, group: Group, seq: int) -> None:
+    """Delete the keys of gate ``seq``, so a job's store does not grow with every sync.
+
+    Called by the rank that saw every member arrive at gate ``seq + 1``: each member has
+    then finished gate ``seq``. The two deletions follow the release of the others.
+    """
+    assert ctx.store is not None and ctx.channel is not None
+    for suffix in ("n", "go"):
+        ctx.store.delete_key(ctx.channel.key("sync", group.key, seq, suffix))
 
 
 @contextmanager
@@ -200,7 +213,7 @@ def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: fl
     assert ctx.watchdog is not None
     seq = ctx.next_seq(group.key)
     with in_call(ctx, f"{signature} {_tag(group, seq)}"):
-        if not _fast_wait(work):
+        if not _fast_wait(ctx, work):
             done = threading.Event()
             work.get_future().add_done_callback(lambda _: done.set())
             _wait_event(ctx, done, group, seq, signature, timeout)
@@ -215,8 +228,8 @@ def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: fl
 _FAST = datetime.timedelta(milliseconds=5)
 
 
-def _fast_wait(work: Any) -> bool:
-    """Wait up to 5 ms inside the backend; True when the work is done (or failed).
+def _fast_wait(ctx: Context, work: Any) -> bool:
+    """Wait up to 5 ms inside the backend (gloo); True when the work is done (or failed).
 
     Most collectives finish within this slice, and a wait inside C++ wakes without the
     two GIL hand-offs of a completion callback (measured: the callback path alone cost
@@ -225,6 +238,8 @@ def _fast_wait(work: Any) -> bool:
     """
     if work.is_completed():
         return True
+    if ctx.backend.backend() != "gloo":  # NCCL: a timed wait blocks the CPU and can trip its watchdog
+        return False
     with contextlib.suppress(RuntimeError):  # "Operation timed out!" leaves the work valid
         work.wait(timeout=_FAST)
     return bool(work.is_completed())
@@ -290,9 +305,15 @@ def _post_and_pick(ctx: Context, record: FailureRecord, own: TetherError) -> Tet
 
 
 def _expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float) -> TetherError:
-    assert ctx.channel is not None and ctx.watchdog is not None
+    assert ctx.channel is not None and ctx.watchdog is not None and ctx.store is not None
     if ctx.watchdog.failure is not None:
         return ctx.watchdog.failure
+    # Only the first member to expire asks the others where they are (one query, not N):
+    # the rest take the record it posts.
+    if int(ctx.store.add(ctx.channel.key("sync", group.key, seq, "expired"), 1)) > 1:
+        failure = ctx.watchdog.wait_for_failure(ctx.settings.answer_within + 2.0)
+        if failure is not None:
+            return failure
     me = ctx.channel.rank
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
     tag = _tag(group, seq)

@@ -1,0 +1,680 @@
+"""How fast a failure reaches every rank, and what the watchdog costs when nothing fails.
+
+Usage::
+
+    python benchmarks/faults.py                         # 2 4 8 16 ranks, every kind, 3 repeats
+    python benchmarks/faults.py --quick                 # 2 4 ranks, 1 repeat, 5 s idle window
+    python benchmarks/faults.py --ranks 4 --kinds sigkill stall --repeats 5
+    python benchmarks/faults.py --idle-only --idle-seconds 60
+
+Fault latency. Every job runs under ``tether.spawn`` (gloo), launched by a fresh
+interpreter started as its own session, bounded, and checked for leftover processes.
+Each rank stamps ``time.time()`` (one clock: one machine) to its own file when it is
+ready, when it injects the fault (the victim, just before it), and when it catches the
+tether exception (survivors, first statement of the ``except``). Per run:
+
+* (a) *notice*: fault -> every survivor raised = max over survivors of
+  ``caught - fault``; the table also gives the median over all survivors of all runs.
+* (b) *gone*: fault -> every process gone = the launcher's exit (its pipes closed and
+  it was reaped, as seen by this driver). ``ranks gone`` is fault -> ``tether.spawn``
+  returned in the launcher (every rank reaped).
+
+Kinds (the victim is rank N-1, except for ``raise_ofr``: rank 0):
+
+==================  =============================================================
+raise_ofr           ``one_rank_first(0)``: rank 0's block raises; the others wait
+raise_allreduce     rank N-1 raises while the others sit in ``tether.all_reduce``
+exit                rank N-1 calls ``os._exit(3)`` while the others all_reduce
+sigkill             rank N-1 SIGKILLs itself while the others all_reduce
+sigstop             rank N-1 SIGSTOPs itself (a freeze); only the heartbeat can tell
+                    (``--heartbeat``/``--lost-after``, default 0.5 s / 2.0 s)
+stall               ``barrier(timeout=1.0)`` while rank N-1 sleeps in user code; the
+                    fault time is the earliest survivor's barrier entry + 1.0 s
+==================  =============================================================
+
+Idle cost. ``--idle-ranks`` ranks under ``tether.spawn`` sit initialized and idle for
+``--idle-seconds``; each measures its own CPU time (``getrusage(RUSAGE_SELF)``: every
+thread of the process) over that window and counts its store operations by wrapping the
+methods of ``TCPStore`` (class-level, so the watchdog's cloned connections count too).
+At the same time, two baselines idle for the same window: a process that only imported
+torch, and a raw ``torch.distributed`` gloo rank (torchrun, no tether).
+
+Writes ``benchmarks/results/faults.md``, ``faults.png`` and ``faults.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+
+KINDS = ["raise_ofr", "raise_allreduce", "exit", "sigkill", "sigstop", "stall"]
+STALL_TIMEOUT = 1.0
+VICTIM_DELAY = 0.3  # the victim waits this long after the last barrier, so the others are waiting
+
+
+# --- inside a rank -----------------------------------------------------------------------------
+
+
+def _note(outdir: str, rank: int, event: str, **extra: object) -> None:
+    with open(os.path.join(outdir, f"r{rank}.jsonl"), "a") as fp:
+        fp.write(json.dumps({"ev": event, "t": time.time(), "rank": rank, **extra}) + "\n")
+
+
+def job(local_rank: int, kind: str, outdir: str) -> None:
+    import tether
+
+    rank, n = tether.get_rank(), tether.get_world_size()
+    victim = 0 if kind == "raise_ofr" else n - 1
+    tether.barrier()
+    tether.all_reduce(1)  # every path warm
+    tether.barrier()
+    _note(outdir, rank, "ready")
+    try:
+        if rank == victim:
+            _fault(kind, outdir, rank)
+        elif kind == "raise_ofr":
+            with tether.one_rank_first(0):
+                pass
+        elif kind == "stall":
+            _note(outdir, rank, "enter")
+            tether.barrier(timeout=STALL_TIMEOUT)
+        else:
+            tether.all_reduce(1)
+        _note(outdir, rank, "returned")  # a survivor that was not told: a bug
+    except tether.TetherError as exc:
+        record = getattr(exc, "record", None)
+        _note(
+            outdir,
+            rank,
+            "caught",
+            exc=type(exc).__name__,
+            posted=getattr(record, "time", None),
+            reporter=getattr(record, "reporter", None),
+        )
+        raise
+
+
+def _fault(kind: str, outdir: str, rank: int) -> None:
+    import tether
+
+    time.sleep(VICTIM_DELAY)
+    if kind == "raise_ofr":
+        with tether.one_rank_first(0):
+            _note(outdir, rank, "fault")
+            raise RuntimeError("benchmark: the download failed")
+    if kind == "stall":
+        time.sleep(120)  # the watchdog's ladder ends this process after its grace
+        return
+    _note(outdir, rank, "fault")
+    if kind == "raise_allreduce":
+        raise RuntimeError("benchmark: rank failed while the others all_reduce")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(120)  # if ever continued
+    raise ValueError(kind)
+
+
+def launch(kind: str, n: int, outdir: str, heartbeat: float, lost_after: float) -> None:
+    """The launcher process of one fault job."""
+    import tether
+
+    opts = {"heartbeat": heartbeat, "lost_after": lost_after} if kind == "sigstop" else {}
+    failed = False
+    try:
+        tether.spawn("gloo", job, args=(kind, outdir), nproc_per_node=n, **opts)
+    except tether.JobFailed:
+        failed = True
+    Path(outdir, "launcher.json").write_text(json.dumps({"spawn_returned": time.time(), "failed": failed}))
+    sys.exit(1 if failed else 0)
+
+
+# --- idle cost ----------------------------------------------------------------------------------
+
+_STORE_OPS = (
+    "add",
+    "append",
+    "check",
+    "compare_set",
+    "delete_key",
+    "get",
+    "list_keys",
+    "multi_get",
+    "multi_set",
+    "num_keys",
+    "queue_len",
+    "queue_pop",
+    "queue_push",
+    "set",
+    "wait",
+)
+
+
+def _count_store_ops() -> dict[str, int]:
+    """Wrap every TCPStore operation (class-level: clones count too); per-thread counts."""
+    import torch.distributed as dist
+
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+    cls = dist.TCPStore
+    for name in _STORE_OPS:
+        original = getattr(cls, name)
+
+        def wrapper(
+            self: object, *args: object, _orig: object = original, _name: str = name, **kwargs: object
+        ) -> object:
+            key = f"{threading.current_thread().name}:{_name}"
+            with lock:
+                counts[key] = counts.get(key, 0) + 1
+            return _orig(self, *args, **kwargs)  # type: ignore[operator]
+
+        setattr(cls, name, wrapper)
+    return counts
+
+
+def _thread_cpu() -> dict[str, int]:
+    """ns on CPU per thread, from /proc/self/task/*/schedstat; Python threads by their name."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            ns = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+            comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        out[f"{names.get(int(tid), comm)}/{tid}"] = ns
+    return out
+
+
+def _idle_window(seconds: float, counts: dict[str, int] | None = None) -> dict[str, object]:
+    before = dict(counts) if counts is not None else {}
+    c0 = _thread_cpu()
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    time.sleep(seconds)
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    c1 = _thread_cpu()
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    per_thread = {k.rsplit("/", 1)[0]: (v - c0.get(k, 0)) / 1e6 for k, v in c1.items() if v - c0.get(k, 0) > 0}
+    out: dict[str, object] = {"wall": t1 - t0, "cpu": cpu, "threads": threading.active_count(), "thread_ms": per_thread}
+    if counts is not None:
+        after = dict(counts)
+        out["ops"] = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+    return out
+
+
+def idle_job(local_rank: int, seconds: float, outdir: str) -> None:
+    import tether
+
+    counts = _count_store_ops()
+    tether.barrier()
+    time.sleep(1.0)  # let the start-up settle
+    res = _idle_window(seconds, counts)
+    res["native_threads"] = len(os.listdir("/proc/self/task"))
+    Path(outdir, f"tether{tether.get_rank()}.json").write_text(json.dumps(res))
+    tether.barrier()
+
+
+def idle_launch(n: int, seconds: float, outdir: str) -> None:
+    import tether
+
+    tether.spawn("gloo", idle_job, args=(seconds, outdir), nproc_per_node=n)
+
+
+def idle_raw_worker(seconds: float, outdir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    time.sleep(1.0)
+    res = _idle_window(seconds)
+    res["native_threads"] = len(os.listdir("/proc/self/task"))
+    Path(outdir, f"raw{dist.get_rank()}.json").write_text(json.dumps(res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def idle_plain(seconds: float, outdir: str) -> None:
+    import torch  # noqa: F401  (the same imports as a rank)
+
+    time.sleep(1.0)
+    res = _idle_window(seconds)
+    res["native_threads"] = len(os.listdir("/proc/self/task"))
+    Path(outdir, "plain.json").write_text(json.dumps(res))
+
+
+def measure_idle(n: int, seconds: float) -> dict[str, object]:
+    import _proc
+
+    with tempfile.TemporaryDirectory(prefix="tether-idle-") as outdir:
+        me = str(Path(__file__).resolve())
+        bound = seconds + 120 + 5 * n
+        jobs = {
+            "tether": [sys.executable, me, "--_idle-launch", str(n), str(seconds), outdir],
+            "raw": [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(n),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(_proc.free_port()),
+                me,
+                "--_idle-raw",
+                str(seconds),
+                outdir,
+            ],
+            "plain": [sys.executable, me, "--_idle-plain", str(seconds), outdir],
+        }
+        done: dict[str, _proc.Finished] = {}
+        threads = [
+            threading.Thread(target=lambda k=k, a=a: done.__setitem__(k, _proc.run(a, bound)), daemon=True)
+            for k, a in jobs.items()
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for k, d in done.items():
+            if d.returncode != 0 or d.leftovers:
+                sys.stderr.write(f"idle job {k}: exit {d.returncode}, leftovers {d.leftovers}\n{d.stderr[-2000:]}\n")
+        files = {p.stem: json.loads(p.read_text()) for p in Path(outdir).glob("*.json")}
+    return {"ranks": n, "seconds": seconds, "files": files}
+
+
+def idle_table(idle: dict[str, object]) -> str:
+    files: dict[str, dict[str, object]] = idle["files"]  # type: ignore[assignment]
+    lines = [
+        "| process | CPU s per minute | CPU % | store ops/s | threads (Python / native) "
+        "| CPU ms in window, by thread | store ops in window, by thread |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in sorted(files, key=lambda s: (not s.startswith("tether"), s)):
+        f = files[name]
+        wall, cpu = float(f["wall"]), float(f["cpu"])  # type: ignore[arg-type]
+        ops = f.get("ops")
+        rate = f"{sum(ops.values()) / wall:.2f}" if isinstance(ops, dict) else "n/a"
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(ops.items())) if isinstance(ops, dict) else ""
+        per_thread = f.get("thread_ms", {})
+        ranked = sorted(per_thread.items(), key=lambda kv: -kv[1])  # type: ignore[union-attr]
+        by_thread = ", ".join(f"{k} {v:.1f}" for k, v in ranked if v >= 0.05)
+        lines.append(
+            f"| {name} | {cpu / wall * 60:.4f} | {cpu / wall * 100:.3f} | {rate} "
+            f"| {f['threads']} / {f['native_threads']} | {by_thread} | {detail} |"
+        )
+    tether = [float(f["cpu"]) / float(f["wall"]) for k, f in files.items() if k.startswith("tether")]  # type: ignore[arg-type]
+    raw = [float(f["cpu"]) / float(f["wall"]) for k, f in files.items() if k.startswith("raw")]  # type: ignore[arg-type]
+    if tether and raw:
+        extra = statistics.mean(tether) - statistics.mean(raw)
+        lines += [
+            "",
+            f"tether's own idle cost (mean tether rank - mean raw gloo rank): {extra * 100:+.3f} % CPU "
+            f"({extra * 60:+.4f} CPU s per minute).",
+        ]
+    return "\n".join(lines)
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+
+def one_run(kind: str, n: int, heartbeat: float, lost_after: float) -> dict[str, object]:
+    import _proc
+
+    with tempfile.TemporaryDirectory(prefix=f"tether-fault-{kind}-{n}-") as outdir:
+        args = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--_launch",
+            kind,
+            str(n),
+            outdir,
+            "--heartbeat",
+            str(heartbeat),
+            "--lost-after",
+            str(lost_after),
+        ]
+        done = _proc.run(args, bound=90 + 6 * n)
+        events: list[dict[str, object]] = []
+        for p in Path(outdir).glob("r*.jsonl"):
+            events += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        launcher = Path(outdir, "launcher.json")
+        spawn_returned = json.loads(launcher.read_text())["spawn_returned"] if launcher.exists() else None
+    victim = 0 if kind == "raise_ofr" else n - 1
+    caught = {e["rank"]: e for e in events if e["ev"] == "caught"}
+    returned = sorted(e["rank"] for e in events if e["ev"] == "returned")
+    if kind == "stall":
+        enters = [float(e["t"]) for e in events if e["ev"] == "enter"]  # type: ignore[arg-type]
+        fault = min(enters) + STALL_TIMEOUT if enters else None
+    else:
+        faults = [float(e["t"]) for e in events if e["ev"] == "fault"]  # type: ignore[arg-type]
+        fault = faults[0] if faults else None
+    survivors = [r for r in range(n) if r != victim]
+    lat = [float(caught[r]["t"]) - fault for r in survivors if r in caught] if fault else []  # type: ignore[arg-type]
+    missing = [r for r in survivors if r not in caught]
+    run = {
+        "kind": kind,
+        "n": n,
+        "exit": done.returncode,
+        "leftovers": done.leftovers,
+        "missing": missing,
+        "returned": returned,
+        "exc": sorted({str(e["exc"]) for e in caught.values()}),
+        "notice": lat,
+        "notice_max": max(lat) if lat and not missing else None,
+        "posted": [
+            float(caught[r]["posted"]) - fault
+            for r in survivors  # type: ignore[arg-type]
+            if r in caught and caught[r].get("posted") and fault
+        ],
+        "reporter": sorted({caught[r].get("reporter") for r in caught if caught[r].get("reporter") is not None}),  # type: ignore[type-var]
+        "ranks_gone": spawn_returned - fault if fault and spawn_returned else None,
+        "gone": done.exited - fault if fault else None,
+    }
+    if missing or returned or done.returncode in (0, None) or done.leftovers or fault is None:
+        run["stderr_tail"] = done.stderr[-1500:]
+    return run
+
+
+def teardown_baseline(times: int = 3) -> float:
+    """Seconds from the last line a process that imported torch prints to its exit being seen."""
+    import _proc
+
+    out = []
+    for _ in range(times):
+        done = _proc.run([sys.executable, "-c", "import time, torch; print(time.time(), flush=True)"], bound=60)
+        out.append(done.exited - float(done.stdout.split()[0]))
+    return statistics.median(out)
+
+
+def _exit_floor_child(outdir: str) -> None:
+    import torch  # noqa: F401  (a process the size of a rank)
+
+    Path(outdir, "t").write_text(repr(time.time()))
+    os._exit(3)
+
+
+def exit_floor(times: int = 3) -> float:
+    """ms from a torch process's ``os._exit`` to its parent seeing it gone (kernel teardown)."""
+    import multiprocessing
+    import multiprocessing.connection
+
+    mp = multiprocessing.get_context("spawn")
+    out = []
+    for _ in range(times):
+        with tempfile.TemporaryDirectory() as outdir:
+            p = mp.Process(target=_exit_floor_child, args=(outdir,))
+            p.start()
+            multiprocessing.connection.wait([p.sentinel], timeout=120)
+            seen = time.time()
+            p.join(5)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+            stamp = Path(outdir, "t")
+            if stamp.exists():
+                out.append((seen - float(stamp.read_text())) * 1e3)
+    return statistics.median(out) if out else float("nan")
+
+
+def _med(xs: list[float | None]) -> float | None:
+    ys = [x for x in xs if x is not None]
+    return statistics.median(ys) if ys else None
+
+
+def summarize(
+    runs: list[dict[str, object]], kinds: list[str], ranks: list[int]
+) -> dict[tuple[str, int], dict[str, object]]:
+    out = {}
+    for k in kinds:
+        for n in ranks:
+            rs = [r for r in runs if r["kind"] == k and r["n"] == n]
+            if not rs:
+                continue
+            everyone = [x for r in rs for x in r["notice"]]  # type: ignore[attr-defined]
+            out[(k, n)] = {
+                "repeats": len(rs),
+                "notice_max": _med([r["notice_max"] for r in rs]),  # type: ignore[misc]
+                "notice_all": _med(everyone),
+                "notice_range": (min(everyone), max(everyone)) if everyone else None,
+                "posted": _med([x for r in rs for x in r["posted"]]),  # type: ignore[attr-defined]
+                "reporter": sorted({x for r in rs for x in r["reporter"]}),  # type: ignore[attr-defined]
+                "ranks_gone": _med([r["ranks_gone"] for r in rs]),  # type: ignore[misc]
+                "gone": _med([r["gone"] for r in rs]),  # type: ignore[misc]
+                "gone_range": (
+                    min(r["gone"] for r in rs if r["gone"] is not None),
+                    max(r["gone"] for r in rs if r["gone"] is not None),
+                )
+                if any(r["gone"] is not None for r in rs)
+                else None,  # type: ignore[type-var]
+                "bad": [r for r in rs if r["missing"] or r["returned"] or r["leftovers"] or r["exit"] in (0, None)],
+                "exc": sorted({e for r in rs for e in r["exc"]}),  # type: ignore[attr-defined]
+            }
+    return out
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1e3:.1f}"
+
+
+def _s(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def fault_tables(summary: dict[tuple[str, int], dict[str, object]], kinds: list[str], ranks: list[int]) -> str:
+    head = (
+        "| kind | "
+        + " | ".join(f"{n} ranks" for n in ranks)
+        + " | survivors raised | record posted by | fault → record posted, ms |"
+    )
+    sep = "|---|" + "---|" * (len(ranks) + 3)
+    a = [
+        "(a) fault → every survivor raised, ms: median over repeats of the slowest survivor "
+        "(median over all survivors of all repeats in brackets; [repeats])",
+        "",
+        head,
+        sep,
+    ]
+    b = [
+        "(b) fault → every process gone, s: launcher exit (ranks reaped by `tether.spawn` in brackets)",
+        "",
+        "| kind | " + " | ".join(f"{n} ranks" for n in ranks) + " |",
+        "|---|" + "---|" * len(ranks),
+    ]
+    for k in kinds:
+        ca, cb, exc, who, posted = [], [], set(), set(), []
+        for n in ranks:
+            s = summary.get((k, n))
+            if s is None:
+                ca.append("")
+                cb.append("")
+                continue
+            flag = " ⚠" if s["bad"] else ""
+            ca.append(f"{_ms(s['notice_max'])} ({_ms(s['notice_all'])}) [{s['repeats']}]{flag}")  # type: ignore[arg-type]
+            cb.append(f"{_s(s['gone'])} ({_s(s['ranks_gone'])}){flag}")  # type: ignore[arg-type]
+            exc |= set(s["exc"])  # type: ignore[arg-type]
+            who |= {"launcher" if r == -1 else f"rank {r}" if r == 0 else "a rank" for r in s["reporter"]}  # type: ignore[attr-defined]
+            posted.append(_ms(s["posted"]))  # type: ignore[arg-type]
+        a.append(
+            f"| {k} | "
+            + " | ".join(ca)
+            + f" | {', '.join(sorted(exc))} | {', '.join(sorted(who))} | {' / '.join(posted)} |"
+        )
+        b.append(f"| {k} | " + " | ".join(cb) + " |")
+    return "\n".join([*a, "", *b])
+
+
+def plot(summary: dict[tuple[str, int], dict[str, object]], kinds: list[str], ranks: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for k in kinds:
+        ns = [n for n in ranks if (k, n) in summary and summary[(k, n)]["notice_max"] is not None]
+        if ns:
+            ax1.plot(ns, [summary[(k, n)]["notice_max"] * 1e3 for n in ns], "o-", label=k)  # type: ignore[operator]
+        ns = [n for n in ranks if (k, n) in summary and summary[(k, n)]["gone"] is not None]
+        if ns:
+            line = ax2.plot(ns, [summary[(k, n)]["gone"] for n in ns], "o-", label=k)[0]
+            gone = [(n, summary[(k, n)]["ranks_gone"]) for n in ns if summary[(k, n)]["ranks_gone"] is not None]
+            ax2.plot([n for n, _ in gone], [g for _, g in gone], "x--", color=line.get_color(), lw=1)
+    ax1.axhline(10, color="grey", ls="--", lw=1, label="target 10 ms")
+    ax2.axhline(1, color="grey", ls="--", lw=1, label="target 1 s (2, 4 ranks)")
+    ax2.plot([], [], "kx--", lw=1, label="dashed: ranks reaped (spawn returned)")
+    for ax, title, unit in (
+        (ax1, "(a) fault → every survivor raised", "ms"),
+        (ax2, "(b) fault → every process gone", "s"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ranks, [str(n) for n in ranks])
+        ax.set_xlabel("ranks (tether.spawn, gloo, 2 cores)")
+        ax.set_ylabel(f"{unit}, median over repeats")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=None, help="world sizes (default 2 4 8 16)")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=KINDS)
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs per cell (default 3; 1 at 16 ranks and with --quick)"
+    )
+    parser.add_argument("--quick", action="store_true", help="2 and 4 ranks, 1 repeat, 5 s idle window")
+    parser.add_argument("--heartbeat", type=float, default=0.5, help="heartbeat interval for sigstop (s)")
+    parser.add_argument("--lost-after", type=float, default=2.0, help="lost_after for sigstop (s)")
+    parser.add_argument("--idle-seconds", type=float, default=None, help="idle window (default 20 s; 5 with --quick)")
+    parser.add_argument("--idle-ranks", type=int, default=2)
+    parser.add_argument("--no-idle", action="store_true", help="skip the idle-cost measurement")
+    parser.add_argument("--idle-only", action="store_true", help="only the idle-cost measurement")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where faults.md/.png/.json go")
+    parser.add_argument("--_launch", nargs=3, metavar=("KIND", "N", "OUTDIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--_idle-launch", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--_idle-raw", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--_idle-plain", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._launch:
+        kind, n, outdir = args._launch
+        launch(kind, int(n), outdir, args.heartbeat, args.lost_after)
+        return
+    if args._idle_launch:
+        idle_launch(int(args._idle_launch[0]), float(args._idle_launch[1]), args._idle_launch[2])
+        return
+    if args._idle_raw:
+        idle_raw_worker(float(args._idle_raw[0]), args._idle_raw[1])
+        return
+    if args._idle_plain:
+        idle_plain(float(args._idle_plain[0]), args._idle_plain[1])
+        return
+
+    import _proc
+
+    _proc.exit_on_sigterm()
+    ranks = args.ranks or ([2, 4] if args.quick else [2, 4, 8, 16])
+    idle_seconds = args.idle_seconds or (5.0 if args.quick else 20.0)
+    runs: list[dict[str, object]] = []
+    started = time.monotonic()
+    if not args.idle_only:
+        for n in ranks:
+            repeats = args.repeats or (1 if args.quick or n >= 16 else 3)
+            for rep in range(repeats):
+                for kind in args.kinds:  # kinds interleaved within a repeat
+                    r = one_run(kind, n, args.heartbeat, args.lost_after)
+                    r["repeat"] = rep
+                    runs.append(r)
+                    print(
+                        f"[{time.monotonic() - started:6.0f} s] {kind:16s} {n:2d} ranks #{rep}: "
+                        f"notice {_ms(r['notice_max'])} ms, gone {_s(r['gone'])} s, exit {r['exit']}, "
+                        f"{r['exc']}{' missing ' + str(r['missing']) if r['missing'] else ''}"
+                        f"{' LEFTOVERS ' + str(r['leftovers']) if r['leftovers'] else ''}",
+                        flush=True,
+                    )
+                    if "stderr_tail" in r:
+                        print(
+                            "    launcher stderr tail:\n    " + str(r["stderr_tail"]).replace("\n", "\n    "),
+                            flush=True,
+                        )
+    idle = None if args.no_idle else measure_idle(args.idle_ranks, idle_seconds)
+    teardown = None if args.idle_only else teardown_baseline()
+    floor = exit_floor() if {"exit", "sigkill"} & set(args.kinds) and not args.idle_only else None
+
+    lines = [
+        "# tether fault benchmarks",
+        "",
+        f"`python benchmarks/faults.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"{os.cpu_count()} cores, load average at end {os.getloadavg()[0]:.1f}. gloo, `tether.spawn`, "
+        f"sigstop with heartbeat={args.heartbeat} s, lost_after={args.lost_after} s; other kinds with the "
+        "default watchdog settings (grace 5 s).",
+        "",
+    ]
+    if runs:
+        summary = summarize(runs, args.kinds, ranks)
+        lines += [fault_tables(summary, args.kinds, ranks), ""]
+        bad = [r for r in runs if r["missing"] or r["returned"] or r["leftovers"] or r["exit"] in (0, None)]
+        problems = "; ".join(
+            f"{r['kind']}@{r['n']}: missing {r['missing']}, exit {r['exit']}, leftovers {r['leftovers']}" for r in bad
+        )
+        lines.append(
+            f"Runs with a survivor that never raised, a leftover process or a wrong exit: {len(bad)}"
+            + (f" ⚠ {problems}" if bad else "")
+        )
+        lines.append("")
+        if floor is not None:
+            lines += [
+                f"For scale: a process that imported torch and calls `os._exit` is seen gone by its parent "
+                f"{floor:.0f} ms later (median of 3; the kernel unmaps its memory before it closes its fds, "
+                "so neither the launcher's sentinel nor the peers' gloo sockets can fire sooner): the floor "
+                "for `exit` and `sigkill`.",
+                "",
+            ]
+        if teardown is not None:
+            lines += [
+                f'For scale: `python -c "import time, torch; print(time.time())"` takes {teardown:.2f} s from its '
+                "print to its exit being seen (CPython tearing down torch's modules; median of 3, same load): "
+                "the launcher pays this after `tether.spawn` returned.",
+                "",
+            ]
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(summary, args.kinds, ranks, args.out / "faults.png")
+    if idle is not None:
+        lines += [
+            f"Idle cost over {idle_seconds:.0f} s, {args.idle_ranks} ranks (`getrusage(RUSAGE_SELF)`, all threads; "
+            "store ops counted by wrapping `TCPStore` methods). tether*: an initialized tether rank; raw*: a "
+            "torchrun gloo rank without tether; plain: a process that imported torch. Targets: ≤0.1 % CPU, "
+            "≤1 store op/s per process.",
+            "",
+            idle_table(idle),
+            "",
+        ]
+    text = "\n".join(lines)
+    print()
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "faults.md").write_text(text)
+    (args.out / "faults.json").write_text(json.dumps({"runs": runs, "idle": idle}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

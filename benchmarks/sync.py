@@ -1,0 +1,294 @@
+"""Cost of a sync call: tether vs raw ``torch.distributed`` vs ignite, in the same processes.
+
+Usage::
+
+    python benchmarks/sync.py                  # 2 and 4 ranks, ~2-3 minutes
+    python benchmarks/sync.py --ranks 2 --quick
+
+One torchrun job per world size. Each rank calls ``tether.initialize("gloo")``; raw
+``torch.distributed`` calls then run on the very same default process group, and
+ignite's ``idist`` adopts it too (``ignite.distributed.sync()``), so every contender runs
+in the same processes over the same sockets. Contenders are interleaved: each *round*
+runs one timed batch of every contender (order rotated from round to round), every
+batch starts aligned on an untimed ``dist.barrier()``, and its cost per call is the
+slowest rank's batch time divided by the batch's call count. The table gives the median
+over rounds, and the spread (interquartile range, % of the median).
+
+What is compared (µs per call):
+
+* ``one_rank_first`` with an empty body: tether (a store gate: the working rank writes
+  ``go``, the others read it) vs ignite (a collective ``barrier`` before the block on the
+  waiters, after it on the working rank).
+* ``barrier``: tether (the store gate) vs ``dist.barrier()`` (a gloo collective) vs
+  ignite's (``dist.barrier()`` behind its dispatch), and the bare store gate that
+  tether's barrier is built on (``add`` + ``get``/``set`` on the same store, no failure
+  handling): the store-vs-collective comparison behind tether's choice.
+* ``all_reduce`` of one int: ``tether.all_reduce(1)`` vs raw ``dist.all_reduce`` of a
+  ``torch.tensor(1)`` plus ``.item()`` (the same work tether does for a number) vs ignite.
+* ``all_reduce`` of a float32 tensor of 1 KiB and of 64 MiB: tether vs raw, in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+TARGETS = {  # contender: (baseline, max ratio)
+    "all_reduce 1 KiB f32": 1.05,
+    "all_reduce 64 MiB f32": 1.01,
+}
+
+
+# --- the worker (one rank under torchrun) ----------------------------------------------------
+
+
+def _contenders(world: int, quick: bool) -> list[tuple[str, str, Callable[[], object], int]]:
+    """(row, column, one call, calls per batch)."""
+    import torch
+    import torch.distributed as dist
+
+    import tether
+
+    try:
+        import ignite.distributed as igd
+
+        igd.sync()
+        assert igd.get_world_size() == world
+    except ImportError:
+        igd = None
+
+    from tether import context
+
+    ctx = context.current()
+    store = ctx.store
+    assert store is not None
+    gate_seq = [0]
+
+    def store_gate() -> None:
+        # What tether.barrier does, without its checks: one add; the last arrival writes
+        # "go", every other rank reads it (a get that blocks until it is set).
+        gate_seq[0] += 1
+        key = f"bench/gate/{gate_seq[0]}"
+        if int(store.add(key + "/n", 1)) == world:
+            store.set(key + "/go", "ok")
+        else:
+            store.get(key + "/go")
+
+    def ofr_tether() -> None:
+        with tether.one_rank_first():
+            pass
+
+    def ofr_ignite() -> None:
+        with igd.one_rank_first():
+            pass
+
+    def raw_int() -> object:
+        t = torch.tensor(1)
+        dist.all_reduce(t)
+        return t.item()
+
+    small = torch.ones(256, dtype=torch.float32)  # 1 KiB
+    big = torch.ones(16 * 1024 * 1024, dtype=torch.float32)  # 64 MiB
+    k = 20 if quick else 50
+    kb = 1 if quick else 2
+    out: list[tuple[str, str, Callable[[], object], int]] = [
+        ("one_rank_first", "tether", ofr_tether, k),
+        ("barrier", "tether (store)", lambda: tether.barrier(), k),
+        ("barrier", "raw dist (collective)", lambda: dist.barrier(), k),
+        ("barrier", "bare store gate", store_gate, k),
+        ("all_reduce 1 int", "tether", lambda: tether.all_reduce(1), k),
+        ("all_reduce 1 int", "raw dist", raw_int, k),
+        ("all_reduce 1 KiB f32", "tether", lambda: tether.all_reduce(small), k),
+        ("all_reduce 1 KiB f32", "raw dist", lambda: dist.all_reduce(small), k),
+        ("all_reduce 64 MiB f32", "tether", lambda: tether.all_reduce(big), kb),
+        ("all_reduce 64 MiB f32", "raw dist", lambda: dist.all_reduce(big), kb),
+    ]
+    if igd is not None:
+        out += [
+            ("one_rank_first", "ignite", ofr_ignite, k),
+            ("barrier", "ignite", lambda: igd.barrier(), k),
+            ("all_reduce 1 int", "ignite", lambda: igd.all_reduce(1), k),
+        ]
+    return out
+
+
+def worker(rounds: int, quick: bool) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import tether
+
+    torch.set_num_threads(1)
+    tether.initialize("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    contenders = _contenders(world, quick)
+    for _, _, call, _ in contenders:  # warm up every path (and gloo's connections)
+        for _ in range(3):
+            call()
+    samples: list[list[float]] = [[] for _ in contenders]
+    for r in range(rounds):
+        order = list(range(len(contenders)))
+        shift = r % len(order)
+        order = order[shift:] + order[:shift]
+        if r % 2:
+            order.reverse()
+        for i in order:
+            _, _, call, n = contenders[i]
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                call()
+            samples[i].append((time.perf_counter() - t0) / n * 1e6)
+    # slowest rank per batch: gather outside any timing
+    mine = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        result = {
+            "world": world,
+            "rounds": rounds,
+            "rows": [
+                {"op": op, "who": who, "calls": n, "us": mine[i].tolist()}
+                for i, (op, who, _, n) in enumerate(contenders)
+            ],
+        }
+        print("RESULT " + json.dumps(result), flush=True)
+    tether.finalize()
+
+
+# --- the driver ----------------------------------------------------------------------------
+
+
+def _stats(xs: list[float]) -> tuple[float, float]:
+    med = statistics.median(xs)
+    if len(xs) >= 4:
+        q = statistics.quantiles(xs, n=4)
+        return med, (q[2] - q[0]) / med * 100
+    return med, (max(xs) - min(xs)) / med * 100
+
+
+def run_world(n: int, rounds: int, quick: bool, bound: float) -> dict[str, object]:
+    import _proc
+
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(n),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_proc.free_port()),
+        "--monitor_interval",
+        "0.1",
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--rounds",
+        str(rounds),
+        *(["--quick"] if quick else []),
+    ]
+    done = _proc.run(args, bound, env={"OMP_NUM_THREADS": "1"})
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or not lines or done.leftovers:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
+        raise SystemExit(f"sync benchmark at {n} ranks failed: exit {done.returncode}, leftovers {done.leftovers}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def table(results: list[dict[str, object]]) -> str:
+    """One markdown table: a row per (op, contender), a column per world size."""
+    worlds = [r["world"] for r in results]
+    keyed: dict[tuple[str, str], dict[int, tuple[float, float]]] = {}
+    for res in results:
+        for row in res["rows"]:  # type: ignore[attr-defined]
+            keyed.setdefault((row["op"], row["who"]), {})[res["world"]] = _stats(row["us"])
+    baseline = {"one_rank_first": "ignite", "barrier": "raw dist (collective)"}
+    head = "| op | contender | " + " | ".join(f"{w} ranks µs (IQR %) | ratio" for w in worlds) + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(worlds))]
+    ops = list(dict.fromkeys(op for op, _ in keyed))
+    for (op, who), per in sorted(keyed.items(), key=lambda kv: ops.index(kv[0][0])):
+        base_who = baseline.get(op, "raw dist")
+        cells = []
+        for w in worlds:
+            med, iqr = per[w]
+            base = keyed.get((op, base_who), {}).get(w)
+            ratio = f"{med / base[0]:.2f}x" if base and who != base_who else ("1" if base else "")
+            cells.append(f"{med:,.0f} ({iqr:.0f}%) | {ratio}")
+        lines.append(f"| {op} | {who} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def verdicts(results: list[dict[str, object]]) -> list[str]:
+    out = []
+    for res in results:
+        med = {(row["op"], row["who"]): statistics.median(row["us"]) for row in res["rows"]}  # type: ignore[attr-defined]
+        w = res["world"]
+        for op, limit in TARGETS.items():
+            ratio = med[(op, "tether")] / med[(op, "raw dist")]
+            verdict = "met" if ratio <= limit else "MISSED"
+            out.append(f"{w} ranks: {op}: tether/raw = {ratio:.3f}x (target <= {limit}x) {verdict}")
+        if ("one_rank_first", "ignite") in med:
+            ratio = med[("one_rank_first", "tether")] / med[("one_rank_first", "ignite")]
+            verdict = "met" if ratio <= 1.0 else "MISSED"
+            out.append(f"{w} ranks: one_rank_first: tether/ignite = {ratio:.3f}x (target <= 1.0x) {verdict}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 15, 5 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and calls per batch")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw samples here")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "sync.md", help="markdown copy of the table")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    rounds = args.rounds or (5 if args.quick else 15)
+    if args.worker:
+        worker(rounds, args.quick)
+        return
+    import _proc
+
+    _proc.exit_on_sigterm()
+    try:
+        import ignite  # noqa: F401
+    except ImportError:
+        print("pytorch-ignite is not importable: ignite columns skipped (pip install -e '.[bench]')")
+    results = []
+    for n in args.ranks:
+        t0 = time.monotonic()
+        results.append(run_world(n, rounds, args.quick, bound=120 + 40 * n * rounds / 5))
+        print(f"[{n} ranks: {time.monotonic() - t0:.0f} s]", flush=True)
+    text = "\n".join(
+        [
+            f"`python benchmarks/sync.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"{os.cpu_count()} cores, load average at end {os.getloadavg()[0]:.1f}; torchrun, gloo.",
+            "",
+            f"µs per call, median of {rounds} interleaved rounds (slowest rank per batch); IQR = interquartile "
+            "range in % of the median; ratio vs raw dist (one_rank_first: vs ignite; barrier: vs dist.barrier)",
+            "",
+            table(results),
+            "",
+            *verdicts(results),
+        ]
+    )
+    print()
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
