@@ -71,7 +71,8 @@ def _user_frame(tb: Any) -> str:
     found = ""
     for frame in _tb.extract_tb(tb):
         path = frame.filename.replace(os.sep, "/")
-        if "/tether/" in path or "/torch/" in path or "/multiprocessing/" in path:
+        # contextlib: a check in one_rank_first's __enter__ must point at the user's `with`
+        if "/tether/" in path or "/torch/" in path or "/multiprocessing/" in path or path.endswith("/contextlib.py"):
             continue
         found = f"{frame.filename}:{frame.lineno} in {frame.name}"
     return found

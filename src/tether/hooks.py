@@ -3,7 +3,9 @@
 ``install`` chains onto whatever hooks and handlers are there and ``uninstall`` puts them
 back; a handler the user installed for SIGTERM/SIGINT is left alone. Each hook only
 posts the failure (``on_failure``) and then behaves as before: the previous excepthook
-runs, SIGINT still raises ``KeyboardInterrupt``, SIGTERM raises ``SystemExit(143)``.
+runs, SIGINT still raises ``KeyboardInterrupt``, SIGTERM raises ``SystemExit(143)`` -- or,
+when ``on_failure`` returns an exception, that one: a SIGTERM that a launcher sends because
+another rank failed is raised as that rank's failure (see ``launch.report_failure``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class SignalStop(SystemExit):
 
 
 class Hooks:
-    def __init__(self, on_failure: Callable[[BaseException], None]) -> None:
+    def __init__(self, on_failure: Callable[[BaseException], BaseException | None]) -> None:
         self._on_failure = on_failure
         self._saved: dict[str, Any] = {}
 
@@ -62,11 +64,11 @@ class Hooks:
         exc: BaseException = KeyboardInterrupt() if signum == signal.SIGINT else SignalStop(128 + signum)
         if not exc.args:
             exc.args = (f"stopped by {name}",)
-        self._post(exc)
-        raise exc
+        raise self._post(exc) or exc
 
-    def _post(self, exc: BaseException) -> None:
+    def _post(self, exc: BaseException) -> BaseException | None:
         try:
-            self._on_failure(exc)
+            return self._on_failure(exc)
         except Exception as err:  # a hook must never raise
             print(f"tether: could not post a failure: {err!r}", file=sys.stderr)
+            return None

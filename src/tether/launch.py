@@ -12,6 +12,7 @@ import datetime
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,12 +23,13 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from . import _slurm, context
 from ._env import LaunchEnv, Topology, from_torchrun, parse_init_method
-from ._record import FailureRecord
+from ._record import KIND_LOST, FailureRecord
 from .backends import Backend, NativeBackend, check_backend
-from .channel import Channel, clone
+from .channel import LEFT, Channel, clone
 from .context import Context, SyncSettings
-from .errors import TetherError
-from .hooks import Hooks
+from .errors import PeerLost, TetherError
+from .hooks import Hooks, SignalStop
+from .waits import _post_and_pick, _store_lost
 from .watchdog import Watchdog, WatchdogConfig
 
 log = logging.getLogger("tether")
@@ -192,6 +194,9 @@ def finalize() -> None:
     After a failure it stops the watchdog's threads and aborts (NCCL) or drops the
     process group instead of destroying it, which can block on a dead peer.
     """
+    in_flight = sys.exc_info()[1]  # finalize() in a `finally:` while an exception propagates
+    if in_flight is not None and context.peek() is not None:
+        report_failure(in_flight)  # else the hooks are gone before the excepthook could post it
     ctx = context.uninstall()
     if ctx is None or ctx.channel is None or ctx.watchdog is None:
         return
@@ -228,15 +233,22 @@ def _leave(ctx: Context) -> None:
             continue
 
 
-def report_failure(exc: BaseException) -> None:
+def report_failure(exc: BaseException) -> BaseException | None:
     """Post this rank's own failure once, and write torchelastic's error file.
 
     A tether error is a consequence of a failure already posted: it is not posted again,
-    and the error file names the root cause.
+    and the error file names the root cause. A SIGTERM (``SignalStop``) that another rank's
+    failure explains is a consequence too: that failure is returned, for the signal hook to
+    raise instead (see ``_failure_behind_stop``).
     """
     ctx = context.peek()
     if ctx is None or ctx.channel is None:
-        return
+        return None
+    if isinstance(exc, SignalStop) and not any(seen is exc for seen, _ in ctx.posted):
+        behind = _failure_behind_stop(ctx)  # the hook's call; a later one (finalize) reposts nothing
+        if behind is not None:
+            report_failure(behind)
+            return behind
     where = ctx.watchdog.current_call if ctx.watchdog is not None and ctx.watchdog.current_call else "user code"
     try:
         if isinstance(exc, TetherError):
@@ -244,7 +256,50 @@ def report_failure(exc: BaseException) -> None:
         else:
             _write_error_file(ctx.error_file, exc, ctx.post_own(exc, where), victim=False)
     except Exception as err:
-        log.warning("tether: could not post this rank's failure (%s): %s", type(exc).__name__, err)
+        # the store may be gone (its host died): then this line is the only trace of why
+        log.warning("tether: could not post this rank's failure (%s: %s): %s", type(exc).__name__, exc, err)
+    return None
+
+
+def _failure_behind_stop(ctx: Context) -> TetherError | None:
+    """The peer failure that explains a SIGTERM, or None when the stop is this rank's own.
+
+    torchrun's agent SIGTERMs every other worker 0.1 s after one worker's process ended,
+    before a heartbeat can tell that it died (``lost_after``). A whereabouts query can: a
+    rank that neither answers within ``answer_within`` nor left cleanly is dead or frozen,
+    and is posted as lost. Costs one query (ms when every rank answers).
+    """
+    watchdog, channel = ctx.watchdog, ctx.channel
+    if watchdog is None or channel is None:
+        return None
+    if watchdog.failure is not None:
+        return watchdog.failure
+    try:
+        answers = channel.ask_whereabouts(range(channel.world_size), ctx.settings.answer_within)
+        if watchdog.failure is not None:
+            return watchdog.failure
+        client = channel.listener_client()  # not the main connection: the signal may have cut its wait
+        silent = [
+            r
+            for r in range(channel.world_size)
+            if r != channel.rank and r not in answers and int(client.add(channel.key("hb", r), 0)) < LEFT
+        ]
+        if not silent:
+            return None
+        record = FailureRecord(
+            rank=silent[0],
+            kind=KIND_LOST,
+            exc_type="Lost",
+            message="its process stopped answering (this rank got SIGTERM, as a launcher sends once a worker died)",
+            time=time.time(),
+            reporter=channel.rank,
+        )
+        return _post_and_pick(ctx, record, PeerLost(record))
+    except dist.DistNetworkError as err:  # the store's host died: that is the failure behind the stop
+        return _store_lost(ctx, err)
+    except Exception as err:  # another failure: the stop stays this rank's own
+        log.warning("tether: could not tell whether a peer's failure caused this SIGTERM: %s", err)
+        return watchdog.failure
 
 
 def _write_error_file(path: str | None, exc: BaseException, record: FailureRecord | None, victim: bool) -> None:
@@ -258,8 +313,10 @@ def _write_error_file(path: str | None, exc: BaseException, record: FailureRecor
         return
     stamp = int(record.time if record is not None and record.time else time.time()) + (1 if victim else 0)
     message = f"{type(exc).__name__}: {exc}" if victim or record is None else record.headline
-    callstack = "" if victim or record is None else record.traceback
-    data = {"message": {"message": message, "extraInfo": {"py_callstack": callstack, "timestamp": str(stamp)}}}
+    extra = {"timestamp": str(stamp)}
+    if not victim and record is not None and record.traceback:
+        extra["py_callstack"] = record.traceback  # without it, torchrun's summary shows the message
+    data = {"message": {"message": message, "extraInfo": extra}}
     with open(path, "w") as fp:
         json.dump(data, fp)
 

@@ -11,7 +11,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ._record import KIND_LOST, KIND_MISMATCH, KIND_SIGNAL, KIND_TIMEOUT, FailureRecord
+from ._record import KIND_EXIT, KIND_LOST, KIND_MISMATCH, KIND_SIGNAL, KIND_TIMEOUT, FailureRecord
 from .errors import PeerFailure, PeerLost, SyncMismatch, SyncTimeout, TetherError
 
 RULE = "=" * 72
@@ -27,6 +27,8 @@ def error_from_record(record: FailureRecord) -> TetherError:
         return SyncMismatch({int(k): v for k, v in record.detail.get("calls", {}).items()}, record)
     if record.kind in (KIND_LOST, KIND_SIGNAL):
         return PeerLost(record)
+    if record.kind == KIND_EXIT and record.reporter != record.rank:
+        return PeerLost(record)  # an exit seen only from outside (os._exit): it left no record
     return PeerFailure(record)
 
 

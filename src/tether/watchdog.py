@@ -222,7 +222,7 @@ class Watchdog:
                 if value != seen:
                     seen, since = value, now
                 elif now - since > self.config.lost_after:
-                    self._post_lost(neighbour, now - since)
+                    self._post_lost(neighbour, now - since, client)
                     since = now
             except dist.DistNetworkError as exc:
                 if not self._stop.is_set():
@@ -231,7 +231,7 @@ class Watchdog:
             except Exception:
                 log.exception("tether heartbeat: error in one beat; going on")
 
-    def _post_lost(self, rank: int, silent: float) -> None:
+    def _post_lost(self, rank: int, silent: float, client: Store) -> None:
         record = FailureRecord(
             rank=rank,
             kind=KIND_LOST,
@@ -241,7 +241,8 @@ class Watchdog:
             reporter=self.channel.rank,
         )
         posted = self.channel.post(record)
-        self.deliver(error_from_record(self.channel.root_cause() or posted), None)
+        # the client wakes this rank's own store wait: the post notifies only the other ranks
+        self.deliver(error_from_record(self.channel.root_cause() or posted), client)
 
     def _ladder(self) -> None:
         grace = self.config.grace

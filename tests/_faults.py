@@ -1,0 +1,261 @@
+"""The one module that injects faults into a rank, at a named place, for the fault matrix.
+
+Used by ``tests/jobs/fault_job.py`` inside every rank. A case (one row of
+``tests/fault_matrix.py``) names a *failure* and a *place*; ``run_case`` plays the case on
+this rank and ``inject`` does the damage.
+
+Failures (``FAILURES``)::
+
+    raise      raise ValueError("injected fault on rank R")          F1, F2
+    exit       os._exit(3)                                           F3
+    sigkill    SIGKILL to itself                                     F3
+    segfault   ctypes.string_at(0)                                   F3
+    sigstop    SIGSTOP to itself (a frozen process)                  F4
+    stall      sleep far past every timeout (never arrives)          F5
+    mismatch   barrier() where the others call all_reduce(), or
+               one_rank_first(rank=1) where the others say rank=0   F6
+    kill_host  SIGKILL to the store's host: itself when it is rank 0
+               under ``initialize-rank0`` (torchrun with its agent store
+               off), else the ``tether.spawn`` parent (getppid())   F7
+    sigterm    SIGTERM to itself                                     F8
+    sigint     SIGINT to itself                                      F8
+    term_launcher  SIGTERM to the ``tether.spawn`` parent            F8
+
+Places (``PLACES``), where the victim is when the fault strikes and where the others wait::
+
+    first       inside ``one_rank_first(rank=victim)``'s block on the working rank;
+                the others wait in the gate
+    waiting     the victim waits in ``one_rank_first(rank=W)``, W != victim, and the fault
+                comes from a thread of the victim; W's block holds the gate until the
+                fault has struck
+    collective  the victim's main thread is inside ``all_reduce``, the fault comes from a
+                thread; one "late" rank joins the all_reduce only after the fault
+    outside     the victim is in user code (no tether call); the others wait in ``all_reduce``
+
+Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
+marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
+rank it must strike after has marked. The only sleep is a short settle after the marks
+(``SETTLE``), so that the waits have really begun; correctness never depends on it (a
+failure posted before a rank blocks is raised at the start of its wait).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import tether as idist
+
+FAILURES = (
+    "raise",
+    "exit",
+    "sigkill",
+    "segfault",
+    "sigstop",
+    "stall",
+    "mismatch",
+    "kill_host",
+    "sigterm",
+    "sigint",
+    "term_launcher",
+)
+PLACES = ("first", "waiting", "collective", "outside")
+SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
+RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
+
+
+@dataclass(frozen=True)
+class Case:
+    """What one job run does; travels as JSON on the command line."""
+
+    failure: str
+    place: str
+    victim: int
+    launcher: str
+    timeout: float | None = None  # the waits' timeout= (stall rows)
+    heartbeat: float = 0.5
+    lost_after: float = 2.0
+    grace: float = 3.0
+    mismatch: str = "barrier"  # "barrier" (vs all_reduce) or "first" (one_rank_first targets)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Case:
+        return cls(**json.loads(text))
+
+    @property
+    def options(self) -> dict[str, float]:
+        return {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
+
+
+class Sequencer:
+    """Orders events across ranks with keys on the job's store (its own connection)."""
+
+    def __init__(self) -> None:
+        from tether import context  # the test reaches into tether's store on purpose
+
+        store = context.current().store
+        assert store is not None, "the fault job needs tether's store"
+        self._store = store.clone()
+        self._store.set_timeout(datetime.timedelta(minutes=5))
+        self._prefix = "faulttest/"
+
+    def mark(self, name: str) -> None:
+        self._store.set(self._prefix + name, "1")
+
+    def wait(self, names: Iterable[str]) -> None:
+        keys = [self._prefix + n for n in names]
+        if keys:
+            self._store.wait(keys)
+
+
+def result(rank: int, exc: BaseException) -> None:
+    """Print this rank's RESULT line for the exception it caught."""
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    data: dict[str, object] = {"rank": rank, "type": type(exc).__name__, "message": message}
+    data["failing"] = getattr(exc, "rank", None)
+    data["time"] = time.time()
+    if isinstance(exc, idist.SyncTimeout):
+        data["missing"] = exc.missing
+        data["failing"] = exc.record.rank if exc.record is not None else None
+    if isinstance(exc, idist.SyncMismatch):
+        data["calls"] = {str(k): v for k, v in exc.calls.items()}
+        data["failing"] = exc.record.rank if exc.record is not None else None
+    if not isinstance(exc, idist.TetherError):
+        data["failing"] = rank  # its own exception
+    sys.stdout.write(RESULT + json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def inject(case: Case, rank: int) -> None:
+    """Do the damage of ``case.failure`` on this process (from any thread)."""
+    f = case.failure
+    sys.stdout.write(f"STRUCK {json.dumps({'rank': rank, 'time': time.time()})}\n")
+    sys.stdout.flush()
+    if f == "raise":
+        raise ValueError(f"injected fault on rank {rank}")
+    if f == "exit":
+        os._exit(3)
+    if f == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if f == "segfault":
+        ctypes.string_at(0)
+    if f == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if f == "stall":
+        time.sleep(3600)
+        return
+    if f == "kill_host":
+        os.kill(os.getpid() if case.launcher == "initialize-rank0" else os.getppid(), signal.SIGKILL)
+        time.sleep(3600)  # the parent's death takes this process with it
+    if f == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if f == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)
+        return
+    if f == "term_launcher":
+        os.kill(os.getppid(), signal.SIGTERM)
+        return
+    raise AssertionError(f"unknown failure {f!r}")
+
+
+def _strike_later(case: Case, rank: int, seq: Sequencer, after: list[int]) -> None:
+    """From a thread: strike once the ranks ``after`` have marked that they wait."""
+
+    def strike() -> None:
+        seq.wait(f"in/{r}" for r in after)
+        time.sleep(SETTLE)
+        seq.mark("struck")
+        inject(case, rank)
+
+    threading.Thread(target=strike, name="fault-injector", daemon=True).start()
+
+
+def _value(rank: int, timeout: float | None) -> float:
+    return float(idist.all_reduce(rank + 1, timeout=timeout))
+
+
+def run_case(case: Case) -> None:
+    """Play ``case`` on this rank; returns only if no fault stopped it."""
+    rank, world = idist.get_rank(), idist.get_world_size()
+    seq = Sequencer()
+    idist.barrier()  # the start line: ranks start unevenly, and a timeout= must not catch a late starter
+    others = [r for r in range(world) if r != case.victim]
+    me_victim = rank == case.victim
+    timeout = case.timeout
+
+    if case.failure == "mismatch":
+        seq.mark(f"in/{rank}")
+        if case.mismatch == "barrier":
+            if me_victim:
+                idist.barrier(timeout=timeout)
+            else:
+                idist.all_reduce(1, timeout=timeout)
+        else:
+            with idist.one_rank_first(rank=1 if me_victim else 0, timeout=timeout):
+                pass
+        idist.barrier(timeout=timeout)
+        return
+
+    if case.place == "first":
+        if not me_victim:
+            seq.mark(f"in/{rank}")
+        with idist.one_rank_first(rank=case.victim, timeout=timeout):
+            if me_victim:
+                seq.wait(f"in/{r}" for r in others)
+                time.sleep(SETTLE)
+                inject(case, rank)
+        idist.barrier(timeout=timeout)
+        return
+
+    if case.place == "waiting":
+        working = 0 if case.victim != 0 else 1
+        if me_victim:
+            _strike_later(case, rank, seq, [r for r in range(world) if r != working and r != rank])
+        if rank != working:
+            seq.mark(f"in/{rank}")
+        with idist.one_rank_first(rank=working, timeout=timeout):
+            if rank == working:
+                seq.wait(["struck"])
+        idist.barrier(timeout=timeout)
+        return
+
+    if case.place == "collective":
+        late = world - 1 if case.victim != world - 1 else 0
+        if me_victim:
+            _strike_later(case, rank, seq, [r for r in range(world) if r != late and r != rank])
+        if rank == late:
+            seq.wait(["struck"])
+        else:
+            seq.mark(f"in/{rank}")
+        _value(rank, timeout)
+        idist.barrier(timeout=timeout)
+        return
+
+    if case.place == "outside":
+        if me_victim:
+            seq.wait(f"in/{r}" for r in others)
+            time.sleep(SETTLE)
+            inject(case, rank)
+        else:
+            seq.mark(f"in/{rank}")
+        if case.failure == "stall":
+            idist.barrier(timeout=timeout)  # F5: the others wait here; the victim never arrives
+        else:
+            _value(rank, timeout)  # F2: the others wait in a collective
+        idist.barrier(timeout=timeout)
+        return
+
+    raise AssertionError(f"unknown place {case.place!r}")
