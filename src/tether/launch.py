@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from .channel import LEFT, Channel, clone
 from .context import Context, SyncSettings
 from .errors import PeerLost, TetherError
 from .hooks import Hooks, SignalStop
+from .report import error_from_record
 from .waits import _post_and_pick, _store_lost
 from .watchdog import Watchdog, WatchdogConfig
 
@@ -209,9 +211,9 @@ def finalize() -> None:
         clean = False
     finally:
         ctx.watchdog.stop()
-        if ctx.hooks is not None:
-            ctx.hooks.uninstall()
         clean = clean and not ctx.failed
+        if ctx.hooks is not None:
+            ctx.hooks.uninstall(keep_exit=not clean)
         ctx.backend.shutdown(clean)
         if not clean:
             context.abandon_process_group()
@@ -254,11 +256,24 @@ def report_failure(exc: BaseException) -> BaseException | None:
         if isinstance(exc, TetherError):
             _write_error_file(ctx.error_file, exc, ctx.channel.root_cause(), victim=True)
         else:
-            _write_error_file(ctx.error_file, exc, ctx.post_own(exc, where), victim=False)
+            record = ctx.post_own(exc, where)
+            _write_error_file(ctx.error_file, exc, record, victim=False)
+            if record is not None and threading.current_thread() is not threading.main_thread():
+                _wake_main_thread(ctx, record)
     except Exception as err:
         # the store may be gone (its host died): then this line is the only trace of why
         log.warning("tether: could not post this rank's failure (%s: %s): %s", type(exc).__name__, exc, err)
     return None
+
+
+def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
+    """A thread of this rank failed: stop the main thread's wait too, as every peer's.
+
+    The post wakes only the other ranks; without this, the main thread would wait for
+    peers that have all stopped because of this very failure.
+    """
+    assert ctx.watchdog is not None and ctx.channel is not None
+    ctx.watchdog.deliver(error_from_record(record), ctx.channel.listener_client())
 
 
 def _failure_behind_stop(ctx: Context) -> TetherError | None:
@@ -309,7 +324,7 @@ def _write_error_file(path: str | None, exc: BaseException, record: FailureRecor
     rank writes its own time; victims write the root cause's time + 1, so that ties on
     the second cannot make a victim the "root cause".
     """
-    if path is None:
+    if path is None or (victim and os.path.exists(path)):  # never cover this rank's own failure
         return
     stamp = int(record.time if record is not None and record.time else time.time()) + (1 if victim else 0)
     message = f"{type(exc).__name__}: {exc}" if victim or record is None else record.headline

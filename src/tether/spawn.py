@@ -32,8 +32,8 @@ from ._env import Topology, parse_init_method
 from ._record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord
 from .backends import check_backend
 from .channel import Channel
-from .errors import ExitCode, JobFailed, TetherError
-from .hooks import SignalStop
+from .errors import ExitCode, JobFailed
+from .hooks import exit_code_for
 from .launch import Options, finalize, report_failure, start, to_timedelta
 from .report import RankOutcome, describe_exit, render_report
 
@@ -247,16 +247,6 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(int(ExitCode.PEER_FAILED))
 
 
-def _exit_code(exc: BaseException) -> int:
-    if isinstance(exc, TetherError):
-        return int(exc.exit_code)
-    if isinstance(exc, SignalStop | SystemExit):
-        return exc.code if isinstance(exc.code, int) and exc.code else int(ExitCode.RAISED)
-    if isinstance(exc, KeyboardInterrupt):
-        return 128 + signal.SIGINT
-    return int(ExitCode.RAISED)
-
-
 def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A child: join the job, run ``fn``, and on failure post it and exit at once."""
     _die_with_parent(spec.parent_pid)
@@ -273,7 +263,7 @@ def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw
         start(spec.backend, topo, store, job_id=JOB_ID, hosts_store=False, options=spec.options, timeout=spec.timeout)
         fn(topo.local_rank, *args, **kwargs)
     except BaseException as exc:
-        code = _exit_code(exc)
+        code = exit_code_for(exc)
         report_failure(exc)
     finally:
         try:
