@@ -22,7 +22,7 @@ EXPECTED = {  # call -> (type, start of the message), as raised on every rank of
     "one_rank_first(rank=-1)": ("ValueError", "one_rank_first: rank should be between 0 and 3, but given -1"),
     "one_rank_first(rank='0')": ("TypeError", "one_rank_first: rank must be an int"),
     "one_rank_first(rank=1.0)": ("TypeError", "one_rank_first: rank must be an int"),
-    "one_rank_first(rank=4, local=True)": ("ValueError", "one_rank_first: rank should be between 0 and 3"),
+    "one_rank_first(rank=4, local=True)": ("ValueError", "one_rank_first(local=True): rank should be between 0 and 3"),
     "one_rank_first(timeout=0)": ("ValueError", "one_rank_first: timeout must be a positive number"),
     "one_rank_only(rank=4)": ("ValueError", "one_rank_only: rank should be between 0 and 3, but given 4"),
     "barrier(timeout=-1)": ("ValueError", "barrier: timeout must be a positive number"),

@@ -118,21 +118,23 @@ def gate(
     call = f"{signature} {_tag(group, seq)}"
     base = ctx.channel.key("sync", group.key, seq)
     h = signature_hash(signature)
-    with in_call(ctx, call) if failed is None else _noop():
+    if failed is not None:
+        # Write "failed" before arriving, never after: once counted, this member could
+        # complete the gate for the others, and a last arrival could write "ok" first.
+        # It never arrives at all: the gate cannot complete without it.
+        status = ABORT  # a consequence of a failure already posted: point at that one
+        record = None if isinstance(failed, TetherError) else ctx.post_own(failed, call)
+        if record is not None:
+            status = f"failed:{record.seq}"
+        with contextlib.suppress(dist.DistNetworkError):  # store gone: the caller re-raises its own
+            ctx.store.compare_set(base + "/go", "", status)
+        return
+    with in_call(ctx, call):
         try:
             value = int(ctx.store.add(base + "/n", 1 + (h << _COUNT_BITS)))
         except dist.DistNetworkError as exc:
-            if failed is not None:
-                return  # the caller re-raises its own exception
             raise _store_lost(ctx, exc) from exc
         count = value & _COUNT_MASK
-        if failed is not None:
-            status = ABORT  # a consequence of a failure already posted: point at that one
-            record = None if isinstance(failed, TetherError) else ctx.post_own(failed, call)
-            if record is not None:
-                status = f"failed:{record.seq}"
-            ctx.store.compare_set(base + "/go", "", status)
-            return
         if value >> _COUNT_BITS != count * h:
             raise ctx.watchdog.taken(_mismatch(ctx, group, signature))
         if role == "leader" or (role == "member" and count == len(group.members)):
@@ -154,11 +156,6 @@ def _forget(ctx: Context, group: Group, seq: int) -> None:
     assert ctx.store is not None and ctx.channel is not None
     for suffix in ("n", "go"):
         ctx.store.delete_key(ctx.channel.key("sync", group.key, seq, suffix))
-
-
-@contextmanager
-def _noop() -> Iterator[None]:
-    yield
 
 
 def _status_error(ctx: Context, status: str) -> TetherError:
