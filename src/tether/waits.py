@@ -11,12 +11,14 @@ costs two round trips per rank and beats ``dist.barrier`` on gloo. A gate on key
   rank in a different call and raises ``SyncMismatch``. No extra round trip.
 * the member that completes the gate (the last arrival, or the working rank of
   ``one_rank_first``) writes ``.../go`` = ``"ok"``; a working rank that raised writes
-  ``"failed:<seq of its record>"`` instead, in ``finally``; the watchdog writes
+  ``"failed:<seq of its record>"`` instead, in ``finally``, *without* arriving (so no
+  last arrival can release the gate before it); the watchdog writes
   ``"abort"`` to wake a waiter when any other failure is posted. All three use
   ``compare_set``, so the first value written is the one every member reads.
 * every other member reads ``.../go`` (``get`` waits for it) and returns, or raises.
 
-Costs per call and rank: 2 store round trips (the completer: add + compare_set).
+Costs per call and rank: 2 store round trips (the completer: add + compare_set, then it
+deletes the previous gate's two keys, after the others are released).
 
 **Collectives** are issued with ``async_op=True`` and waited on with a ``threading.Event``
 that both the work's completion callback and the watchdog can set, so a failure posted
