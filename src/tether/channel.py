@@ -119,7 +119,16 @@ class Channel:
                 out.append(FailureRecord.from_json(self._store.get(key)))
         return out
 
-    def root_cause(self) -> FailureRecord | None:
+    def record(self, seq: int, client: Store | None = None) -> FailureRecord | None:
+        """Record ``seq``, or None if its slot is empty; ``client``: the caller's own connection."""
+        store, key = client or self._store, self.key("fail", seq)
+        return FailureRecord.from_json(store.get(key)) if store.check([key]) else None
+
+    def root_cause(self, client: Store | None = None) -> FailureRecord | None:
+        """The first failure: record 1, or the first readable one if its poster died mid-post."""
+        root = self.record(1, client)
+        if root is not None:
+            return root
         records = self.records()
         return records[0] if records else None
 

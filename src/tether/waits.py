@@ -162,9 +162,10 @@ def _forget(ctx: Context, group: Group, seq: int) -> None:
 
 def _status_error(ctx: Context, status: str) -> TetherError:
     assert ctx.channel is not None and ctx.watchdog is not None
+    if ctx.watchdog.failure is not None:  # the listener was first
+        return ctx.watchdog.failure
     if status.startswith("failed:"):
-        seq = int(status.split(":", 1)[1])
-        record = next((r for r in ctx.channel.records() if r.seq == seq), None)
+        record = ctx.channel.record(int(status.split(":", 1)[1]))
         if record is not None:
             error = error_from_record(record)
             ctx.watchdog.deliver(error, None)

@@ -160,7 +160,7 @@ class Watchdog:
         threading.Thread(target=self._ladder, name="tether-ladder", daemon=True).start()
 
     def _on_fail(self, client: Store) -> None:
-        root = self.channel.root_cause()
+        root = self.channel.root_cause(client)
         if root is None or (root.rank == self.channel.rank and root.reporter == self.channel.rank):
             return  # nothing readable yet, or this rank's own failure
         self.deliver(error_from_record(root), client)

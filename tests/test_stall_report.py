@@ -1,0 +1,20 @@
+"""A wait without timeout logs one stall report, naming who is missing and where, and goes on."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from _harness import python
+
+
+@pytest.mark.timeout(200)
+def test_a_long_wait_without_timeout_logs_one_stall_report_and_completes() -> None:
+    res = python("stall_report.py", bound=150)
+    assert res.returncode == 0, res.output[-3000:]
+    assert res.leftovers == []
+    assert sorted(re.findall(r"RESULT rank=(\d) passed the barrier", res.stdout)) == ["0", "1"]
+    reports = re.findall(r"tether: rank 0 has waited \d+ s in barrier on w:", res.stderr)
+    assert len(reports) == 1, res.stderr[-3000:]
+    assert re.search(r"rank 1: in user code\n(.|\n)*in slow_preprocessing", res.stderr), res.stderr[-3000:]
