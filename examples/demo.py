@@ -8,6 +8,9 @@ the launcher prints the root cause once.
 
     python examples/demo.py            # 4 ranks
     python examples/demo.py --ranks 8
+
+It exits 0 when the job failed as planned (rank 0's error reported, every rank ended),
+and 1 otherwise.
 """
 
 from __future__ import annotations
@@ -68,5 +71,9 @@ if __name__ == "__main__":
             print(f"\nSummary: {exc}")
             print(f"  every rank had exited {ended:.2f} s after the failure (exit codes {codes});")
             print(f"  whole job, process start-up included: {time.monotonic() - start:.1f} s")
-            sys.exit(1)
+            # The demo succeeds when the job failed as planned: rank 0's error, every rank out.
+            planned = exc.record.rank == 0 and exc.record.exc_type == "OSError"
+            print("\nThe promise held: no rank waited for rank 0." if planned else "\nUnexpected root cause.")
+            sys.exit(0 if planned else 1)
     print("the job succeeded: that was not supposed to happen")
+    sys.exit(1)
