@@ -49,7 +49,8 @@ class LaunchEnv:
     under_torchrun: bool
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
+def env_int(env: Mapping[str, str], name: str) -> int:
+    """``env[name]`` as an int, with an error that names the variable."""
     value = env[name]
     try:
         return int(value)
@@ -61,16 +62,16 @@ def from_torchrun(env: Mapping[str, str]) -> LaunchEnv | None:
     """Read torchrun's (or any ``env://`` launcher's) variables; None when they are absent."""
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return None
-    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-    local_rank = _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
-    nproc = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world
+    rank, world = env_int(env, "RANK"), env_int(env, "WORLD_SIZE")
+    local_rank = env_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+    nproc = env_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world
     if world % nproc:
         raise ValueError(f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={nproc}")
-    node_rank = _int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // nproc
+    node_rank = env_int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // nproc
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     under_torchrun = "TORCHELASTIC_RUN_ID" in env
-    master_port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
+    master_port = env_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
     return LaunchEnv(
         topology=Topology(rank, world, local_rank, nproc, world // nproc, node_rank),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),

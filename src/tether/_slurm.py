@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ._env import env_int as _int
+
 PORT_BASE = 15000
 PORT_SPAN = 5000
 
@@ -122,14 +124,6 @@ def expand_hostlist(nodelist: str) -> list[str]:
 
 
 # --- helpers --------------------------------------------------------------------------
-
-
-def _int(env: Mapping[str, str], name: str) -> int:
-    value = env[name]
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
 def _first(env: Mapping[str, str], *names: str) -> str:
