@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from tether import JobFailed, PeerFailure, PeerLost, SyncMismatch, SyncTimeout
-from tether._record import (
+from tether._core.record import (
     KIND_EXCEPTION,
     KIND_EXIT,
     KIND_LOST,
@@ -18,9 +18,11 @@ from tether._record import (
     KIND_TIMEOUT,
     RECORD_VERSION,
     FailureRecord,
+    describe_exit,
+    error_from_record,
     record_from_exception,
 )
-from tether.report import RankOutcome, describe_exit, error_from_record, render_report
+from tether.report import RankOutcome, render_report
 
 
 def record(rank: int = 2, seq: int = 1, **kw: object) -> FailureRecord:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tether import _slurm
+from tether._core.runtime import _launch_env
 from tether._env import from_torchrun
-from tether.launch import _launch_env
 
 
 def task(procid: int, ntasks: int = 8, nnodes: int = 2, **extra: str) -> dict[str, str]:

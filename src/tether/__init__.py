@@ -5,6 +5,10 @@ any rank — an exception, an exit, a kill, a freeze, a stall — reaches every 
 within a bound, as an error naming the failing rank and its original exception.
 """
 
+from ._core.runtime import finalize as finalize
+from ._core.runtime import initialize as initialize
+from ._core.runtime import set_local_rank as set_local_rank
+from ._core.runtime import sync as sync
 from .auto import DistributedProxySampler as DistributedProxySampler
 from .auto import auto_dataloader as auto_dataloader
 from .auto import auto_model as auto_model
@@ -22,9 +26,6 @@ from .errors import SyncMismatch as SyncMismatch
 from .errors import SyncTimeout as SyncTimeout
 from .errors import TetherError as TetherError
 from .groups import new_group as new_group
-from .helpers import barrier as barrier
-from .helpers import one_rank_first as one_rank_first
-from .helpers import one_rank_only as one_rank_only
 from .info import available_backends as available_backends
 from .info import backend as backend
 from .info import device as device
@@ -41,12 +42,11 @@ from .info import hostname as hostname
 from .info import model_name as model_name
 from .info import registered_computation_models as registered_computation_models
 from .info import show_config as show_config
-from .launch import finalize as finalize
-from .launch import initialize as initialize
-from .launch import set_local_rank as set_local_rank
-from .launch import sync as sync
 from .parallel import Parallel as Parallel
 from .spawn import spawn as spawn
+from .syncs import barrier as barrier
+from .syncs import one_rank_first as one_rank_first
+from .syncs import one_rank_only as one_rank_only
 
 __all__ = [
     "BackendError",

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 from torch.utils.data.sampler import Sampler
 
-from .context import current
+from ._core.runtime import current
 
 log = logging.getLogger("tether")
 

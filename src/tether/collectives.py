@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 
 from . import groups
+from ._core.context import Context
+from ._core.runtime import current
+from ._core.waits import Group, wait_work
 from .backends import REDUCE_OPS
-from .context import Context, current
-from .helpers import check_rank, check_timeout
-from .waits import Group, wait_work
+from .syncs import check_rank, check_timeout
 
 
 def _run(ctx: Context, work: Any, group: Group, signature: str, timeout: float | None) -> None:

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from ._record import FailureRecord
+if TYPE_CHECKING:
+    from ._core.record import FailureRecord
 
 __all__ = [
     "BackendError",

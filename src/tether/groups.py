@@ -6,8 +6,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .context import Context, current
-from .waits import Group
+from ._core.context import Context
+from ._core.runtime import current
+from ._core.waits import Group
 
 
 def _check_ranks(ranks: object, world_size: int) -> list[int]:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from . import backends
-from .context import current
+from ._core.runtime import current
 
 log = logging.getLogger("tether")
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import context
+from ._core import context
+from ._core.runtime import current, finalize, initialize, report_failure
 from .backends import check_backend
-from .launch import finalize, initialize, report_failure
 from .spawn import spawn
 
 _INIT_KEYS = ("timeout", "heartbeat", "lost_after", "grace", "sync_timeout", "warn_after")
@@ -96,7 +96,7 @@ class Parallel:
             spawn(self.backend, fn, args, kwargs_dict=kwargs, nproc_per_node=self._nproc, **self._spawn_args)
             return
         try:
-            fn(context.current().backend.topology.local_rank, *args, **kwargs)
+            fn(current().backend.topology.local_rank, *args, **kwargs)
         except BaseException as exc:
             report_failure(exc)
             raise

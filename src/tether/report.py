@@ -7,41 +7,12 @@ status (``-9`` -> "killed by SIGKILL").
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ._record import KIND_EXIT, KIND_LOST, KIND_MISMATCH, KIND_SIGNAL, KIND_TIMEOUT, FailureRecord
-from .errors import PeerFailure, PeerLost, SyncMismatch, SyncTimeout, TetherError
+from ._core.record import FailureRecord, describe_exit
 
 RULE = "=" * 72
-
-
-def error_from_record(record: FailureRecord) -> TetherError:
-    """The exception a surviving rank raises for ``record``."""
-    if record.kind == KIND_TIMEOUT:
-        d = record.detail
-        where = {int(k): v for k, v in d.get("whereabouts", {}).items()}
-        return SyncTimeout(d.get("call", "sync"), float(d.get("timeout", 0)), d.get("missing", []), where, record)
-    if record.kind == KIND_MISMATCH:
-        return SyncMismatch({int(k): v for k, v in record.detail.get("calls", {}).items()}, record)
-    if record.kind in (KIND_LOST, KIND_SIGNAL):
-        return PeerLost(record)
-    if record.kind == KIND_EXIT and record.reporter != record.rank:
-        return PeerLost(record)  # an exit seen only from outside (os._exit): it left no record
-    return PeerFailure(record)
-
-
-def describe_exit(code: int | None) -> str:
-    """``-9`` -> ``killed by SIGKILL``; ``3`` -> ``exited with code 3``."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 @dataclass(frozen=True)
@@ -79,12 +50,3 @@ def render_report(records: Sequence[FailureRecord], outcomes: Mapping[int, RankO
             lines.append(f"  rank {rank}: {o.line or describe_exit(o.exit_code)}")
     lines.append(RULE)
     return "\n".join(lines) + "\n"
-
-
-def render_notice(rank: int, failure: TetherError, whereabouts: str, grace: float) -> str:
-    """What the watchdog prints before ending a rank whose main thread never took the failure."""
-    return (
-        f"{RULE}\ntether: rank {rank}: {failure}\n"
-        f"  the main thread did not return to tether within {grace:g} s; it was {whereabouts}\n"
-        f"  ending this process with exit code {int(failure.exit_code)}\n{RULE}\n"
-    )

@@ -28,14 +28,14 @@ from typing import Any
 
 from torch._C._distributed_c10d import TCPStore
 
+from ._core.channel import Channel
+from ._core.hooks import exit_code_for
+from ._core.record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord, describe_exit
+from ._core.runtime import Options, finalize, report_failure, start, to_timedelta
 from ._env import Topology, parse_init_method
-from ._record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord
 from .backends import check_backend
-from .channel import Channel
 from .errors import ExitCode, JobFailed
-from .hooks import exit_code_for
-from .launch import Options, finalize, report_failure, start, to_timedelta
-from .report import RankOutcome, describe_exit, render_report
+from .report import RankOutcome, render_report
 
 JOB_ID = "spawn"  # the launcher's store is new for every job: no stale keys to avoid
 _CONSEQUENCES = {int(c) for c in (ExitCode.PEER_FAILED, ExitCode.TIMEOUT, ExitCode.MISMATCH, ExitCode.WATCHDOG)}

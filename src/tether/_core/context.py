@@ -16,10 +16,9 @@ from typing import Any
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from ._record import FailureRecord, record_from_exception
-from .backends import Backend
+from ..backends import Backend
 from .channel import Channel
-from .report import error_from_record
+from .record import FailureRecord, error_from_record, record_from_exception
 from .watchdog import Watchdog
 
 
@@ -100,21 +99,9 @@ class Context:
         self.watchdog.check()
 
 
-_SERIAL = Context(Backend())
 _current: Context | None = None
 local_rank_hint: int | None = None  # set_local_rank(), for a process group made outside tether
 _abandoned: object = None  # a group tether left undestroyed after a failure: never adopt it
-
-
-def current() -> Context:
-    """The process's context; adopts a process group the user created, once."""
-    if _current is not None:
-        return _current
-    if dist.is_available() and dist.is_initialized() and dist.group.WORLD is not _abandoned:
-        from .launch import adopt_process_group
-
-        return adopt_process_group()
-    return _SERIAL
 
 
 def install(context: Context) -> None:
@@ -134,6 +121,10 @@ def abandon_process_group() -> None:
     """Remember that the live default group was left behind after a failure."""
     global _abandoned
     _abandoned = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+def abandoned() -> object:
+    return _abandoned
 
 
 def peek() -> Context | None:

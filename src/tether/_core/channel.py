@@ -47,7 +47,7 @@ from typing import cast
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from ._record import FailureRecord
+from .record import FailureRecord
 
 LEFT = 1 << 40  # added to a heartbeat counter when its rank finalized cleanly
 

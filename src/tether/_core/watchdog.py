@@ -35,13 +35,13 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from ._record import KIND_LOST, FailureRecord
+from ..errors import PeerLost, TetherError
 from .channel import LEFT, Channel
-from .errors import PeerLost, TetherError
-from .report import error_from_record, render_notice
+from .record import KIND_LOST, FailureRecord, error_from_record
 
 log = logging.getLogger("tether")
 
+RULE = "=" * 72
 ABORT = "abort"  # written to the key of a store wait to wake the main thread
 
 
@@ -266,3 +266,12 @@ class Watchdog:
         frame = sys._current_frames().get(self._main.ident or -1)
         stack = "".join(traceback.format_stack(frame, limit=6)) if frame is not None else ""
         return f"in {self.current_call or 'user code'}\n{stack}".rstrip()
+
+
+def render_notice(rank: int, failure: TetherError, whereabouts: str, grace: float) -> str:
+    """What the watchdog prints before ending a rank whose main thread never took the failure."""
+    return (
+        f"{RULE}\ntether: rank {rank}: {failure}\n"
+        f"  the main thread did not return to tether within {grace:g} s; it was {whereabouts}\n"
+        f"  ending this process with exit code {int(failure.exit_code)}\n{RULE}\n"
+    )

@@ -22,15 +22,15 @@ from typing import Any
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from . import _slurm, context
-from ._env import LaunchEnv, Topology, from_torchrun, parse_init_method
-from ._record import KIND_LOST, FailureRecord
-from .backends import Backend, NativeBackend, check_backend
+from .. import _slurm
+from .._env import LaunchEnv, Topology, from_torchrun, parse_init_method
+from ..backends import Backend, NativeBackend, check_backend
+from ..errors import PeerLost, TetherError
+from . import context
 from .channel import LEFT, Channel, clone
 from .context import Context, SyncSettings
-from .errors import PeerLost, TetherError
 from .hooks import Hooks, SignalStop
-from .report import error_from_record
+from .record import KIND_LOST, FailureRecord, error_from_record
 from .waits import _post_and_pick, _store_lost
 from .watchdog import Watchdog, WatchdogConfig
 
@@ -338,7 +338,7 @@ def _write_error_file(path: str | None, exc: BaseException, record: FailureRecor
 
 def sync(temporary: bool = False) -> None:
     """ignite compatibility: pick up a process group created outside tether (done lazily anyway)."""
-    context.current()
+    current()
 
 
 def set_local_rank(index: int) -> None:
@@ -346,3 +346,16 @@ def set_local_rank(index: int) -> None:
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         raise ValueError(f"set_local_rank: index must be a non-negative int, got {index!r}")
     context.local_rank_hint = index
+
+
+_SERIAL = Context(Backend())
+
+
+def current() -> Context:
+    """The process's context; adopts a process group the user created, once."""
+    ctx = context.peek()
+    if ctx is not None:
+        return ctx
+    if dist.is_available() and dist.is_initialized() and dist.group.WORLD is not context.abandoned():
+        return adopt_process_group()
+    return _SERIAL

@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from . import groups
-from .context import Context, current
-from .waits import Group, gate
+from ._core.context import Context
+from ._core.runtime import current
+from ._core.waits import Group, gate
 
 log = logging.getLogger("tether")
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from .errors import ExitCode, TetherError
+from ..errors import ExitCode, TetherError
 
 
 class SignalStop(SystemExit):

@@ -11,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import socket
 import time
 import traceback as _tb
 from typing import Any
+
+from ..errors import PeerFailure, PeerLost, SyncMismatch, SyncTimeout, TetherError
 
 RECORD_VERSION = 1
 
@@ -97,3 +100,30 @@ def record_from_exception(rank: int, exc: BaseException, where: str) -> FailureR
         frame=_user_frame(exc.__traceback__),
         reporter=rank,
     )
+
+
+def error_from_record(record: FailureRecord) -> TetherError:
+    """The exception a surviving rank raises for ``record``."""
+    if record.kind == KIND_TIMEOUT:
+        d = record.detail
+        where = {int(k): v for k, v in d.get("whereabouts", {}).items()}
+        return SyncTimeout(d.get("call", "sync"), float(d.get("timeout", 0)), d.get("missing", []), where, record)
+    if record.kind == KIND_MISMATCH:
+        return SyncMismatch({int(k): v for k, v in record.detail.get("calls", {}).items()}, record)
+    if record.kind in (KIND_LOST, KIND_SIGNAL):
+        return PeerLost(record)
+    if record.kind == KIND_EXIT and record.reporter != record.rank:
+        return PeerLost(record)  # an exit seen only from outside (os._exit): it left no record
+    return PeerFailure(record)
+
+
+def describe_exit(code: int | None) -> str:
+    """``-9`` -> ``killed by SIGKILL``; ``3`` -> ``exited with code 3``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"

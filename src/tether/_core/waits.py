@@ -48,10 +48,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ._record import KIND_LOST, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord
+from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
 from .context import Context
-from .errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
-from .report import error_from_record
+from .record import KIND_LOST, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record
 from .watchdog import ABORT
 
 log = logging.getLogger("tether")

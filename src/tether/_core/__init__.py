@@ -1,0 +1,5 @@
+"""The promise's machinery, bottom-up: ``record`` and ``channel`` (the protocol), ``liveness``,
+``watchdog``, ``hooks`` and ``waits`` (who is alive, delivering failures, every wait that can
+give up), then ``context`` and ``runtime`` (the one context, bound to the process group it
+serves). Nothing here imports the public API modules above it.
+"""
