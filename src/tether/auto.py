@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 from torch.utils.data.sampler import Sampler
 
+from . import _checks
 from ._core.runtime import current
 
 log = logging.getLogger("tether")
@@ -34,7 +35,7 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **kwargs: Any) -> nn.Mod
     * Parameters not on ``tether.device()`` are moved there.
     * With more than one rank: BatchNorm layers become ``SyncBatchNorm`` if ``sync_bn``,
       and the model is wrapped in ``DistributedDataParallel`` (with
-      ``device_ids=[local_rank]`` on CUDA).
+      ``device_ids=[tether.device().index]``, the local rank's device, on CUDA).
     * With one process and several visible CUDA devices: ``DataParallel`` (as ignite).
 
     Args:
@@ -47,39 +48,32 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **kwargs: Any) -> nn.Mod
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` or ``sync_bn`` not a bool.
-        ValueError: ``device_ids`` given on CUDA (tether sets it from the local rank), or
-            ``sync_bn`` in a distributed job on CPU (DDP refuses SyncBatchNorm there);
-            raised identically on every rank, before DDP's first collective.
+        ValueError: ``device_ids`` given on CUDA (tether sets it from the local rank:
+            "Argument kwargs should not contain 'device_ids'", as ignite), or ``sync_bn``
+            in a distributed job off CUDA (DDP's own "SyncBatchNorm layers only work with
+            GPU modules"); raised identically on every rank, before the model moves and
+            before DDP's first collective.
 
     Example::
 
         model = tether.auto_model(Net())
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"auto_model: model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(sync_bn, bool):
-        raise TypeError(f"auto_model: sync_bn must be a bool, got {type(sync_bn).__name__}")
+    _checks.check_auto_model(model, sync_bn)
     ctx = current()
     device = ctx.backend.device()
-    if any(p.device != device for p in model.parameters()):
-        model.to(device)
     topo = ctx.backend.topology
     if topo.world_size > 1 and ctx.backend.distributed:
-        if sync_bn and device.type != "cuda":
-            raise ValueError(
-                f"auto_model: sync_bn=True needs CUDA, and this job runs on {device.type} "
-                "(DistributedDataParallel refuses SyncBatchNorm on CPU); pass sync_bn=False"
-            )
+        _checks.check_sync_bn_device(sync_bn, device)
+        if device.type == "cuda":
+            _checks.check_ddp_kwargs(kwargs, device)
+    if any(p.device != device for p in model.parameters()):
+        model.to(device)
+    if topo.world_size > 1 and ctx.backend.distributed:
         if sync_bn:
             log.info("tether.auto_model: converting BatchNorm to SyncBatchNorm")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
         if device.type == "cuda":
-            if "device_ids" in kwargs:
-                raise ValueError(
-                    f"auto_model: do not pass device_ids (got {kwargs['device_ids']!r}); "
-                    f"tether uses [local_rank] = [{topo.local_rank}]"
-                )
-            kwargs["device_ids"] = [topo.local_rank]
+            kwargs["device_ids"] = [device.index]  # the local rank's device: tether (as ignite) set it
         log.info("tether.auto_model: wrapping the model in DistributedDataParallel")
         return nn.parallel.DistributedDataParallel(model, **kwargs)
     if device.type == "cuda" and torch.cuda.device_count() > 1:
@@ -98,13 +92,7 @@ def auto_optim(optimizer: Optimizer, **kwargs: Any) -> Optimizer:
         TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``, or keyword arguments
             were given (they only configure Horovod's optimizer in ignite).
     """
-    if not isinstance(optimizer, Optimizer):
-        raise TypeError(f"auto_optim: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if kwargs:
-        raise TypeError(
-            f"auto_optim: unexpected keyword argument(s) {sorted(kwargs)}: they configure Horovod's "
-            "DistributedOptimizer in ignite, and tether runs on native torch.distributed only"
-        )
+    _checks.check_auto_optim(optimizer, kwargs)
     return optimizer
 
 
@@ -137,8 +125,7 @@ def auto_dataloader(dataset: Dataset[Any], **kwargs: Any) -> DataLoader[Any]:
 
         loader = tether.auto_dataloader(dataset, batch_size=256, num_workers=4, shuffle=True)
     """
-    _check_int(kwargs, "batch_size", 1)
-    _check_int(kwargs, "num_workers", 0)
+    _checks.check_loader_kwargs(kwargs)
     ctx = current()
     topo = ctx.backend.topology
     if topo.world_size > 1:
@@ -149,8 +136,8 @@ def auto_dataloader(dataset: Dataset[Any], **kwargs: Any) -> DataLoader[Any]:
             kwargs["num_workers"] = -(-kwargs["num_workers"] // nproc)
         if "batch_sampler" in kwargs:
             warnings.warn(
-                "auto_dataloader: a batch_sampler is not split across ranks; make sure it gives each rank "
-                "different batches",
+                "Found batch_sampler in provided kwargs. Please, make sure that it is compatible "
+                "with distributed configuration (auto_dataloader does not split a batch_sampler across ranks)",
                 stacklevel=2,
             )
         elif isinstance(dataset, IterableDataset):
@@ -161,25 +148,18 @@ def auto_dataloader(dataset: Dataset[Any], **kwargs: Any) -> DataLoader[Any]:
     return DataLoader(dataset, **kwargs)
 
 
-def _check_int(kwargs: dict[str, Any], name: str, least: int) -> None:
-    if name not in kwargs:
-        return
-    value = kwargs[name]
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"auto_dataloader: {name} must be an int, got {type(value).__name__} {value!r:.40}")
-    if value < least:
-        raise ValueError(f"auto_dataloader: {name} must be >= {least}, got {value}")
-
-
 def _distributed_sampler(dataset: Dataset[Any], kwargs: dict[str, Any], rank: int, world: int) -> Sampler[Any]:
     sampler = kwargs.get("sampler")
     if sampler is None:
         return DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=kwargs.pop("shuffle", True))
     if isinstance(sampler, DistributedSampler):
-        if sampler.rank != rank or sampler.num_replicas != world:
+        if sampler.rank != rank:
             warnings.warn(
-                f"auto_dataloader: the DistributedSampler given has rank={sampler.rank}, "
-                f"num_replicas={sampler.num_replicas}, but this process is rank {rank} of {world}",
+                f"Found distributed sampler with rank={sampler.rank}, but process rank is {rank}", stacklevel=3
+            )
+        if sampler.num_replicas != world:
+            warnings.warn(
+                f"Found distributed sampler with num_replicas={sampler.num_replicas}, but world size is {world}",
                 stacklevel=3,
             )
         return sampler
@@ -207,20 +187,11 @@ class DistributedProxySampler(DistributedSampler[Any]):
     """
 
     def __init__(self, sampler: Sampler[Any], num_replicas: int | None = None, rank: int | None = None) -> None:
-        if not isinstance(sampler, Sampler):
-            raise TypeError(f"DistributedProxySampler: sampler must be a torch Sampler, got {type(sampler).__name__}")
-        if isinstance(sampler, DistributedSampler):
-            raise TypeError("DistributedProxySampler: sampler is already a DistributedSampler; use it directly")
-        if not hasattr(sampler, "__len__"):
-            raise TypeError(f"DistributedProxySampler: sampler {type(sampler).__name__} must have a length")
+        _checks.check_proxy_sampler(sampler)
         topo = current().backend.topology
-        num_replicas = topo.world_size if num_replicas is None else num_replicas
-        rank = topo.rank if rank is None else rank
-        for name, value in (("num_replicas", num_replicas), ("rank", rank)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"DistributedProxySampler: {name} must be an int, got {type(value).__name__}")
-        if num_replicas < 1:
-            raise ValueError(f"DistributedProxySampler: num_replicas must be >= 1, got {num_replicas}")
+        num_replicas, rank = _checks.check_replicas(
+            topo.world_size if num_replicas is None else num_replicas, topo.rank if rank is None else rank
+        )
         # DistributedSampler checks rank's range (ValueError) and reads len(dataset):
         super().__init__(sampler, num_replicas=num_replicas, rank=rank, shuffle=False)  # type: ignore[arg-type]
         self.sampler = sampler
@@ -237,7 +208,7 @@ class DistributedProxySampler(DistributedSampler[Any]):
         mine = order[self.rank : self.total_size : self.num_replicas]
         if len(mine) != self.num_samples:
             raise RuntimeError(
-                f"DistributedProxySampler: {len(mine)} indices for rank {self.rank}, expected {self.num_samples}; "
-                "the wrapped sampler's length changed"
+                f"{len(mine)} vs {self.num_samples}: DistributedProxySampler got {len(mine)} indices for rank "
+                f"{self.rank}, expected {self.num_samples}; the wrapped sampler's length changed"
             )
         return iter(mine)

@@ -1,11 +1,19 @@
 """The data-plane collectives: ``all_reduce``, ``all_gather``, ``broadcast`` and friends.
 
-Validation and type conversion live here, once; every wait goes through
+Type conversion lives here, once (the checks in ``_checks.py``); every wait goes through
 ``waits.wait_work``, so a collective returns as soon as a failure anywhere is known.
-Numbers keep their Python type: an int travels as int64, a float as float64 (ignite
-sends ``broadcast`` numbers as float32). Strings and other objects travel as bytes,
-with their length first; arbitrary objects use pickle, as ``dist.all_gather_object``
-does, and only the caller's own objects are ever unpickled — never a failure record.
+
+* Numbers keep their Python type and precision: an int travels as int64, a float as
+  float64 (as ignite's ``all_reduce``/``all_gather``), a complex as complex128, a bool
+  as bool; ``broadcast`` too (ignite sends its numbers as float32).
+* Tensors keep their dtype and device. A tensor the backend can send where it is (gloo:
+  CPU or CUDA; NCCL: the current CUDA device) is sent as is; any other goes through a
+  contiguous copy on the backend's device. Either way ``all_reduce`` and ``broadcast``
+  fill the caller's tensor in place and return it (ignite does so for a tensor on its
+  device, and returns a new tensor otherwise).
+* Strings and other objects travel as bytes, with their length first; arbitrary objects
+  use pickle, as ``dist.all_gather_object`` does, and only the caller's own objects are
+  ever unpickled — never a failure record.
 """
 
 from __future__ import annotations
@@ -13,19 +21,18 @@ from __future__ import annotations
 import json
 import pickle
 import struct
-from numbers import Number
+from numbers import Complex, Integral, Number, Real
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 
-from . import groups
+from . import _checks, groups
 from ._core.context import Context
 from ._core.runtime import current
 from ._core.waits import Group, wait_work
 from .backends import REDUCE_OPS
-from .syncs import check_rank, check_timeout
 
 
 def _run(ctx: Context, work: Any, group: Group, signature: str, timeout: float | None) -> None:
@@ -36,9 +43,32 @@ def _describe(t: torch.Tensor) -> str:
     return f"{t.dtype}{list(t.shape)}".replace("torch.", "")
 
 
-def _to_device(ctx: Context, tensor: torch.Tensor) -> torch.Tensor:
-    device = ctx.backend.device()
-    return tensor if tensor.device == device else tensor.to(device)
+def _staged(ctx: Context, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when the backend can send it as it is, else a contiguous copy it can."""
+    if ctx.backend.can_send(tensor) and tensor.is_contiguous():
+        return tensor
+    return tensor.detach().to(ctx.backend.comm_device(), memory_format=torch.contiguous_format, copy=True)
+
+
+def _fill(target: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """Copy ``source`` into the caller's ``target`` (a leaf that requires grad included)."""
+    if source is not target:
+        with torch.no_grad():
+            target.copy_(source)
+    return target
+
+
+def _number(x: object, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor holding ``x`` exactly: int64, float64, complex128 or bool."""
+    if isinstance(x, bool):
+        return torch.tensor(x, dtype=torch.bool, device=device)
+    if isinstance(x, Integral):
+        return torch.tensor(int(x), dtype=torch.int64, device=device)
+    if isinstance(x, Real):
+        return torch.tensor(float(x), dtype=torch.float64, device=device)
+    if isinstance(x, Complex):
+        return torch.tensor(complex(x), dtype=torch.complex128, device=device)
+    return torch.tensor(x, device=device)
 
 
 def all_reduce(
@@ -47,38 +77,36 @@ def all_reduce(
     """Reduce ``tensor`` (or a number) across ranks; every rank gets the result.
 
     Args:
-        tensor: a tensor (reduced in place when it is on the backend's device) or a number.
+        tensor: a tensor (reduced in place, and returned) or a number (an int is
+            reduced as int64, a float as float64).
         op: "SUM", "PRODUCT", "MIN", "MAX", "AND" or "OR".
         group: None (all ranks), a list of ranks, or a ProcessGroup.
         timeout: seconds; on expiry every rank raises ``SyncTimeout``.
 
     Returns:
-        The reduced tensor, or a number of the input's type.
+        ``tensor``, reduced, or a number of the input's type. A rank outside ``group``
+        gets its input back.
 
     Raises:
-        TypeError, ValueError: unsupported input type or op, on every rank alike.
+        TypeError, ValueError: unsupported input type or op, or a bad ``group``, on every
+            rank alike (ignite's messages: "Unhandled input type", "Unsupported reduction
+            operation", "Argument group should be list of int or ProcessGroup").
         PeerFailure, SyncTimeout, SyncMismatch: see ``tether.barrier``.
     """
-    if not isinstance(tensor, (torch.Tensor, Number)):
-        raise TypeError(f"all_reduce: unhandled input type {type(tensor).__name__}; pass a tensor or a number")
-    if op not in REDUCE_OPS:
-        raise ValueError(f"all_reduce: unsupported reduction operation {op!r}; choose one of {sorted(REDUCE_OPS)}")
-    timeout = check_timeout(timeout, "all_reduce")
+    _checks.check_input(tensor, (torch.Tensor, Number), "all_reduce")
+    _checks.check_reduce_op(op, REDUCE_OPS)
+    timeout = _checks.check_timeout(timeout, "all_reduce")
     ctx = current()
     members = groups.resolve(ctx, group) if ctx.backend.distributed else None
     if members is None:
         return tensor
-    number = not isinstance(tensor, torch.Tensor)
-    t = torch.tensor(tensor, device=ctx.backend.device()) if number else _to_device(ctx, tensor)
+    t = _staged(ctx, tensor) if isinstance(tensor, torch.Tensor) else _number(tensor, ctx.backend.comm_device())
     ctx.check()  # never send into a job that already failed: the work would outlive the rank
     work = dist.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
     _run(ctx, work, members, f"all_reduce({op}, {_describe(t)})", timeout)
-    if number:
-        return cast(float, t.item())
-    if isinstance(tensor, torch.Tensor) and t is not tensor:
-        tensor.copy_(t)
-        return tensor
-    return t
+    if isinstance(tensor, torch.Tensor):
+        return _fill(tensor, t)
+    return cast(float, t.item())
 
 
 def _gather_tensor(
@@ -94,7 +122,7 @@ def _gather_tensor(
 
 
 def _gather_bytes(ctx: Context, data: bytes, members: Group, signature: str, timeout: float | None) -> list[bytes]:
-    device = ctx.backend.device()
+    device = ctx.backend.comm_device()
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
     sizes = _gather_tensor(ctx, size, members, signature + "/size", timeout).tolist()
     padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
@@ -107,26 +135,28 @@ def all_gather(tensor: Any, group: Any = None, timeout: float | None = None) -> 
     """Gather ``tensor`` from every rank.
 
     Args:
-        tensor: a tensor (same shape on every rank), a number, a str, or any picklable object.
+        tensor: a tensor (same shape and dtype on every rank), a number (an int gathers
+            as int64, a float as float64), a str, or any picklable object.
         group: None (all ranks), a list of ranks, or a ProcessGroup.
         timeout: seconds; on expiry every rank raises ``SyncTimeout``.
 
     Returns:
         For a tensor, one tensor of shape ``(group_size * tensor.shape[0], ...)`` (a 0-d
         tensor counts as shape ``(1,)``); otherwise a list with one item per rank. A rank
-        outside ``group`` gets its input back.
+        outside ``group`` gets its input back. Tensors keep their dtype and device.
+
+    Raises:
+        ValueError: a bad ``group`` (ignite's message first), on every rank alike.
     """
-    timeout = check_timeout(timeout, "all_gather")
+    timeout = _checks.check_timeout(timeout, "all_gather")
     ctx = current()
     members = groups.resolve(ctx, group) if ctx.backend.distributed else None
     if members is None:
         return tensor if isinstance(tensor, torch.Tensor) or ctx.backend.distributed else [tensor]
     if isinstance(tensor, torch.Tensor):
-        return _gather_tensor(ctx, _to_device(ctx, tensor), members, "all_gather", timeout).to(tensor.device)
-    if isinstance(tensor, Number) and not isinstance(tensor, bool):
-        return _gather_tensor(
-            ctx, torch.tensor([tensor], device=ctx.backend.device()), members, "all_gather", timeout
-        ).tolist()
+        return _gather_tensor(ctx, _staged(ctx, tensor), members, "all_gather", timeout).to(tensor.device)
+    if isinstance(tensor, Number):
+        return _gather_tensor(ctx, _number(tensor, ctx.backend.comm_device()), members, "all_gather", timeout).tolist()
     if isinstance(tensor, str):
         return [b.decode() for b in _gather_bytes(ctx, tensor.encode(), members, "all_gather[str]", timeout)]
     blobs = _gather_bytes(ctx, pickle.dumps(tensor), members, "all_gather[object]", timeout)
@@ -141,49 +171,72 @@ def all_gather_tensors_with_shapes(
     Args:
         tensor: this rank's tensor.
         shapes: the shape of every member's tensor, in rank order within ``group``.
+        group: None (all ranks), a list of ranks, or a ProcessGroup.
+        timeout: seconds; on expiry every rank raises ``SyncTimeout``.
 
     Returns:
-        One tensor per member, each with its own shape.
+        One tensor per member, each with its own shape, on ``tensor``'s device. A rank
+        outside ``group`` gets ``[tensor]``.
+
+    Raises:
+        TypeError, ValueError: ``tensor`` is not a tensor, ``shapes`` does not describe
+            one tensor per member with ``tensor``'s number of dims, or a bad ``group``.
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"all_gather_tensors_with_shapes: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    _checks.check_shapes_input(tensor)
+    timeout = _checks.check_timeout(timeout, "all_gather_tensors_with_shapes")
     ctx = current()
     members = groups.resolve(ctx, group) if ctx.backend.distributed else None
     if members is None:
         return [tensor]
-    if len(shapes) != len(members.members) or any(len(s) != tensor.ndim for s in shapes):
-        raise ValueError(
-            f"all_gather_tensors_with_shapes: need {len(members.members)} shapes of {tensor.ndim} dims, got {shapes}"
-        )
     index = members.members.index(ctx.backend.topology.rank)
-    if list(tensor.shape) != list(shapes[index]):
-        raise ValueError(
-            f"all_gather_tensors_with_shapes: tensor has shape {list(tensor.shape)}, shapes says {shapes[index]}"
-        )
-    biggest = torch.tensor(shapes).amax(dim=0).tolist()
-    padded = torch.zeros([1, *biggest], dtype=tensor.dtype, device=ctx.backend.device())
+    rows = _checks.check_shapes(tensor, shapes, len(members.members), index)
+    biggest = torch.tensor(rows).amax(dim=0).tolist()
+    padded = torch.zeros([1, *biggest], dtype=tensor.dtype, device=ctx.backend.comm_device())
     padded[0][tuple(slice(0, n) for n in tensor.shape)] = tensor
-    rows = _gather_tensor(ctx, padded, members, "all_gather_tensors_with_shapes", timeout)
-    return [rows[i][tuple(slice(0, n) for n in shape)].to(tensor.device) for i, shape in enumerate(shapes)]
+    out = _gather_tensor(ctx, padded, members, "all_gather_tensors_with_shapes", timeout)
+    return [out[i][tuple(slice(0, n) for n in shape)].to(tensor.device) for i, shape in enumerate(rows)]
 
 
-_NUMBER = struct.Struct("<q")  # a number travels as [kind, 64 bits]: int, float or bool
+# A number travels as three int64: [kind, 64 bits, 64 bits] (the second word: a complex's imaginary part).
+_INT, _FLOAT, _BOOL, _COMPLEX = 0, 1, 2, 3
+_WORD = struct.Struct("<q")
+
+
+def _bits(x: float) -> int:
+    return cast(int, _WORD.unpack(struct.pack("<d", x))[0])
+
+
+def _float(bits: int) -> float:
+    return cast(float, struct.unpack("<d", _WORD.pack(bits))[0])
 
 
 def _encode_number(x: Number) -> list[int]:
     if isinstance(x, bool):
-        return [2, int(x)]
-    if isinstance(x, int):
-        return [0, x]
-    return [1, _NUMBER.unpack(struct.pack("<d", float(cast(float, x))))[0]]
+        return [_BOOL, int(x), 0]
+    if isinstance(x, Integral):
+        return [_INT, int(x), 0]
+    if isinstance(x, Real):
+        return [_FLOAT, _bits(float(x)), 0]
+    z = complex(cast(complex, x))
+    return [_COMPLEX, _bits(z.real), _bits(z.imag)]
 
 
-def _decode_number(kind: int, bits: int) -> int | float | bool:
-    if kind == 2:
-        return bool(bits)
-    if kind == 0:
-        return bits
-    return cast(float, struct.unpack("<d", _NUMBER.pack(bits))[0])
+def _decode_number(kind: int, a: int, b: int) -> int | float | bool | complex:
+    if kind == _BOOL:
+        return bool(a)
+    if kind == _INT:
+        return a
+    if kind == _FLOAT:
+        return _float(a)
+    return complex(_float(a), _float(b))
+
+
+def _kind(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return "tensor"
+    if isinstance(x, Path):
+        return "path"
+    return "str" if isinstance(x, str) else "number"
 
 
 def broadcast(
@@ -195,36 +248,40 @@ def broadcast(
 ) -> torch.Tensor | float | str | Path:
     """Send ``tensor`` (a tensor, number, str or Path) from rank ``src`` to every rank.
 
+    A tensor is filled in place on the receiving ranks and returned, as ignite does (a
+    tensor the backend cannot send where it is goes through a copy, then is filled). A
+    number keeps its type and 64 bits (ignite sends it as float32).
+
     Args:
         tensor: the value on ``src``; elsewhere a placeholder of the same type (and, for
             tensors, shape and dtype), or anything (None included) with ``safe_mode``.
         src: the sending rank (a global rank).
         safe_mode: the other ranks learn type, shape and dtype from ``src`` first (two
-            more small collectives).
+            more small collectives); a receiving rank's tensor is filled only if it has
+            that shape and dtype, else a new one is made on ``tether.device()``.
         group: None (all ranks), a list of ranks, or a ProcessGroup containing ``src``.
         timeout: seconds; on expiry every rank raises ``SyncTimeout``.
 
     Raises:
-        TypeError: unsupported type. ValueError: ``src`` out of range or not in ``group``;
-            None on ``src``, or None elsewhere without ``safe_mode``.
+        TypeError: unsupported type ("Unhandled input type"). ValueError: ``src`` out of
+            range or not in ``group``; None on ``src`` ("Source data can not be None"), or
+            None elsewhere without ``safe_mode``; raised before any communication.
+
+    Example::
+
+        weights = tether.broadcast(weights, src=0)  # the same tensor object, filled
     """
-    if not (isinstance(tensor, (torch.Tensor, Number, str, Path)) or tensor is None):
-        raise TypeError(f"broadcast: unhandled input type {type(tensor).__name__}")
-    timeout = check_timeout(timeout, "broadcast")
+    timeout = _checks.check_timeout(timeout, "broadcast")
     ctx = current()
     topo = ctx.backend.topology
-    check_rank(src, topo.world_size, "broadcast")
-    is_src = topo.rank == src
-    if tensor is None and (is_src or not safe_mode):
-        raise ValueError(
-            "broadcast: source data can not be None" if is_src else "broadcast: pass safe_mode=True to use None"
-        )
-    members = groups.resolve(ctx, group) if ctx.backend.distributed else None
+    distributed = ctx.backend.distributed
+    _checks.check_broadcast(tensor, src, topo.rank, topo.world_size, safe_mode, distributed)
+    members = groups.resolve(ctx, group) if distributed else None
     if members is None:
         return cast(torch.Tensor | float | str | Path, tensor)
-    if src not in members.members:
-        raise ValueError(f"broadcast: src {src} is not in the group {list(members.members)}")
-    device = ctx.backend.device()
+    _checks.check_src_in_group(src, members.members)
+    is_src = topo.rank == src
+    device = ctx.backend.comm_device()
 
     def send(t: torch.Tensor, what: str) -> torch.Tensor:
         ctx.check()
@@ -239,11 +296,9 @@ def broadcast(
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         return bytes(send(buf, what + "/data").cpu().tolist())
 
-    kind = type(tensor).__name__
+    kind = _kind(tensor)
     if safe_mode:
-        header: dict[str, Any] = {
-            "kind": "tensor" if isinstance(tensor, torch.Tensor) else "path" if isinstance(tensor, Path) else kind
-        }
+        header: dict[str, Any] = {"kind": kind}
         if isinstance(tensor, torch.Tensor):
             header.update(dtype=str(tensor.dtype).removeprefix("torch."), shape=list(tensor.shape))
         got = json.loads(send_bytes(json.dumps(header).encode() if is_src else b"", "header"))
@@ -252,13 +307,17 @@ def broadcast(
             dtype = getattr(torch, got["dtype"], None)
             if not isinstance(dtype, torch.dtype):
                 raise TypeError(f"broadcast: unknown dtype {got['dtype']!r} from rank {src}")
-            tensor = torch.empty(got["shape"], dtype=dtype, device=device)
-    if isinstance(tensor, torch.Tensor) and kind in ("tensor", "Tensor", "Parameter"):
-        t = send(_to_device(ctx, tensor) if is_src else torch.empty_like(tensor, device=device), _describe(tensor))
-        return t.to(tensor.device)
-    if kind in ("str", "path", "PosixPath", "WindowsPath"):
+            fits = isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and list(tensor.shape) == got["shape"]
+            if not fits:
+                tensor = torch.empty(got["shape"], dtype=dtype, device=ctx.backend.device())
+    if kind == "tensor":
+        target = cast(torch.Tensor, tensor)
+        buf = _staged(ctx, target)
+        send(buf, _describe(buf))
+        return target if is_src else _fill(target, buf)
+    if kind in ("str", "path"):
         text = send_bytes(str(tensor).encode() if is_src else b"", "str").decode()
         return text if kind == "str" else Path(text)
-    pair = torch.tensor(_encode_number(cast(Number, tensor)) if is_src else [0, 0], dtype=torch.int64, device=device)
-    kind_code, bits = send(pair, "number").tolist()
-    return _decode_number(kind_code, bits)
+    words = _encode_number(cast(Number, tensor)) if is_src else [0, 0, 0]
+    code, a, b = send(torch.tensor(words, dtype=torch.int64, device=device), "number").tolist()
+    return cast(float, _decode_number(code, a, b))

@@ -1,4 +1,4 @@
-"""Process groups: turning a ``group=`` argument into the members of a sync."""
+"""Process groups: ``new_group``, and turning a ``group=`` argument into the members of a sync."""
 
 from __future__ import annotations
 
@@ -6,33 +6,38 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import _checks
 from ._core.context import Context
 from ._core.runtime import current
 from ._core.waits import Group
 
 
-def _check_ranks(ranks: object, world_size: int) -> list[int]:
-    if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-        raise ValueError(f"ranks must be a list of int, got {ranks!r:.80}")
-    bad = [r for r in ranks if not 0 <= r < world_size]
-    if bad or not ranks:
-        raise ValueError(f"ranks must be a non-empty list of ranks in [0, {world_size}), got {ranks}")
-    return ranks
-
-
 def new_group(ranks: list[int], **kwargs: Any) -> Any:
     """Make a process group of ``ranks`` (every rank of the job must call it).
 
-    Without a process group, returns ``ranks`` unchanged (ignite's serial behaviour).
+    As ignite: without a process group, returns ``ranks`` unchanged. An empty list makes
+    a group no rank is in (``torch.distributed.GroupMember.NON_GROUP_MEMBER``, what
+    ``torch.distributed.new_group([])`` gave before torch 2.x refused it): a sync on it
+    returns every rank's input.
+
+    Args:
+        ranks: global ranks of the new group.
+        kwargs: passed to ``torch.distributed.new_group`` (``backend``, ``pg_options``...).
 
     Raises:
-        ValueError: ``ranks`` is not a non-empty list of valid ranks; raised identically on
-            every rank, before any collective.
+        ValueError: ``ranks`` is not a list of int (or, in a job, not ranks of the job);
+            raised identically on every rank, before any collective.
+
+    Example::
+
+        pair = tether.new_group([0, 1])
+        tether.all_reduce(t, group=pair)
     """
     ctx = current()
-    _check_ranks(ranks, ctx.backend.topology.world_size)
     if not ctx.backend.distributed:
-        return ranks
+        return _checks.check_ranks(ranks)
+    if not _checks.check_ranks(ranks, ctx.backend.topology.world_size):
+        return dist.GroupMember.NON_GROUP_MEMBER
     return dist.new_group(ranks=ranks, **kwargs)
 
 
@@ -46,12 +51,21 @@ def node(ctx: Context) -> Group:
 
 
 def resolve(ctx: Context, group: Any) -> Group | None:
-    """The sync members for ``group``; None if this rank is not one of them."""
+    """The sync members for ``group``; None if this rank is not one of them.
+
+    ``group`` is None (every rank), a list of ranks (a ProcessGroup is made on first use,
+    and every rank must make that first call; an empty list has no member, as
+    ``new_group([])``) or a ProcessGroup.
+
+    Raises:
+        ValueError: anything else, or ranks outside the job (ignite's message first).
+    """
     if group is None:
         return world(ctx)
     if isinstance(group, list):
-        ranks = _check_ranks(group, ctx.backend.topology.world_size)
-        key = tuple(sorted(set(ranks)))
+        key = tuple(sorted(set(_checks.check_group_ranks(group, ctx.backend.topology.world_size))))
+        if not key:
+            return None
         with ctx.lock:
             pg = ctx.groups.get(key)
         if pg is None:
@@ -59,10 +73,10 @@ def resolve(ctx: Context, group: Any) -> Group | None:
             with ctx.lock:
                 ctx.groups[key] = pg
         group = pg
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
+    if isinstance(group, int) and not isinstance(group, bool) and group == dist.GroupMember.NON_GROUP_MEMBER:
         return None
     if not isinstance(group, dist.ProcessGroup):
-        raise ValueError(f"group must be None, a list of int or a ProcessGroup, got {type(group).__name__}")
+        raise _checks.group_error(group)
     members = tuple(dist.get_process_group_ranks(group))
     if ctx.backend.topology.rank not in members:
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -11,13 +12,14 @@ import torch.distributed as dist
 from . import backends
 from ._core.runtime import current
 
-log = logging.getLogger("tether")
-
 # ignite's capability probes, for code that branches on what the installation offers.
 has_native_dist_support: bool = dist.is_available()
 has_xla_support = False  # tether does not run on XLA/TPU
 has_hvd_support = False  # nor with Horovod
-registered_computation_models: list[type[backends.Backend]] = [backends.Backend, backends.NativeBackend]
+# As ignite's: the model classes, each with ``name``, ``available_backends`` and ``create_from_context()``.
+registered_computation_models: tuple[type[backends.Backend], ...] = (backends.Backend, backends.NativeBackend)
+
+CONFIG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"  # ignite's setup_logger format
 
 
 def get_rank() -> int:
@@ -51,7 +53,12 @@ def get_node_rank() -> int:
 
 
 def device() -> torch.device:
-    """The device collectives use: ``cuda:<index>`` under NCCL, else the CPU."""
+    """This process's device, as ignite's.
+
+    In a job: the current CUDA device (``cuda:<local rank>``, which tether sets at
+    start) wherever CUDA is available, under gloo too; else the CPU. Without a process
+    group: ``cuda``, else ``mps``, else the CPU.
+    """
     return current().backend.device()
 
 
@@ -61,8 +68,8 @@ def backend() -> str | None:
 
 
 def available_backends() -> tuple[str, ...]:
-    """The native backends this torch build offers."""
-    return backends.available_backends()
+    """The backends of every registered computation model ("nccl", "gloo", "mpi" where built)."""
+    return tuple(name for model in registered_computation_models for name in model.available_backends)
 
 
 def model_name() -> str:
@@ -75,9 +82,39 @@ def hostname() -> str:
     return socket.gethostname()
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at each record (pytest's capture, a redirect)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.setStream(sys.stderr)
+        super().emit(record)
+
+
+def _config_logger() -> logging.Logger:
+    """ignite's ``setup_logger``, once: INFO to stderr with its format, not propagated.
+
+    A handler the user attached to ``tether.info`` is kept and used instead.
+    """
+    logger = logging.getLogger(__name__)
+    if not logger.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter(CONFIG_FORMAT))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
 def show_config() -> None:
-    """Log the distributed configuration (logger "tether", level INFO)."""
+    """Print the distributed configuration on rank 0, through ``logging`` (as ignite).
+
+    Rank 0 writes ten lines to stderr (logger "tether.info", INFO, ignite's format
+    "<time> tether.info INFO: world size: 4"); the other ranks print nothing.
+    """
     topo = current().backend.topology
+    if topo.rank != 0:
+        return
+    logger = _config_logger()
     for name, value in (
         ("distributed configuration", model_name()),
         ("backend", backend()),
@@ -90,4 +127,4 @@ def show_config() -> None:
         ("num nodes", topo.nnodes),
         ("node rank", topo.node_rank),
     ):
-        log.info("%s: %s", name, value)
+        logger.info("%s: %s", name, value)

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from . import groups
+from ._checks import check_rank, check_timeout
 from ._core.context import Context
 from ._core.runtime import current
 from ._core.waits import Group, gate
@@ -24,22 +25,6 @@ from ._core.waits import Group, gate
 log = logging.getLogger("tether")
 
 T = TypeVar("T")
-
-
-def check_rank(rank: object, size: int, name: str) -> int:
-    if not isinstance(rank, int) or isinstance(rank, bool):
-        raise TypeError(f"{name}: rank must be an int, got {type(rank).__name__} {rank!r:.40}")
-    if not 0 <= rank < size:
-        raise ValueError(f"{name}: rank should be between 0 and {size - 1}, but given {rank}")
-    return rank
-
-
-def check_timeout(timeout: object, name: str) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"{name}: timeout must be a positive number of seconds or None, got {timeout!r}")
-    return float(timeout)
 
 
 def barrier(group: Any = None, timeout: float | None = None) -> None:
