@@ -1,0 +1,118 @@
+"""Shared by the ``lifecycle_*`` job scripts (issue 7): one-line reports and plain rank processes.
+
+Every report is written with one ``os.write`` (under ``PIPE_BUF``), so the lines of different
+processes never interleave. A rank that catches an exception prints a line for people and a
+line for the test::
+
+    rank 0 raised PeerLost: rank 2 failed: Lost: ...
+    LC {"event": "raised", "rank": 0, "exc": "PeerLost", "failing": 2, "orig_type": "Lost", ...}
+
+Other events (``done``, ``stop``, ``round``, ``exit``, ``launcher``, ...) are ``LC`` lines too;
+``tests/test_*.py`` read them with ``lc_events``. This module imports no torch, so a parent
+that only starts ranks starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+MAX_MSG = 400
+
+
+def _line(event: str, data: dict[str, Any]) -> str:
+    return "LC " + json.dumps({"event": event, **data}, sort_keys=True, default=repr) + "\n"
+
+
+def emit(event: str, **data: Any) -> None:
+    os.write(1, _line(event, data).encode())
+
+
+def safe_str(obj: object) -> str:
+    """``str(obj)``, or a placeholder when its ``__str__`` raises."""
+    try:
+        return str(obj)
+    except BaseException:
+        return f"<str() of {type(obj).__name__} raised>"
+
+
+def raised(rank: int, exc: BaseException, **extra: Any) -> None:
+    """Report the exception this rank caught (it re-raises it afterwards)."""
+    import tether
+
+    msg = safe_str(exc)
+    data: dict[str, Any] = {
+        "rank": rank,
+        "exc": type(exc).__name__,
+        "mro": [c.__name__ for c in type(exc).__mro__],
+        "msg": msg[:MAX_MSG],
+        "time": time.time(),
+        "pid": os.getpid(),
+        "peer_failure": isinstance(exc, tether.PeerFailure),
+        "interrupt": isinstance(exc, (KeyboardInterrupt, SystemExit)),
+        **extra,
+    }
+    if isinstance(exc, tether.PeerFailure):
+        message = safe_str(exc.message)
+        data.update(failing=exc.rank, orig_type=exc.exc_type, orig_msg=message[:MAX_MSG], orig_len=len(message))
+    first = msg.splitlines()[0][:300] if msg else ""
+    os.write(1, (f"rank {rank} raised {type(exc).__name__}: {first}\n" + _line("raised", data)).encode())
+
+
+def launcher_failed(exc: BaseException, **extra: Any) -> None:
+    """Report what a launching process (``tether.spawn``, ``Parallel``) raised."""
+    import tether
+
+    data: dict[str, Any] = {
+        "exc": type(exc).__name__,
+        "mro": [c.__name__ for c in type(exc).__mro__],
+        "msg": safe_str(exc)[:MAX_MSG],
+        **extra,
+    }
+    if isinstance(exc, tether.JobFailed):
+        rec = exc.record
+        data.update(
+            exit_codes={str(k): v for k, v in exc.exit_codes.items()},
+            root_rank=rec.rank if rec is not None else None,
+            root_type=rec.exc_type if rec is not None else None,
+            root_msg=safe_str(rec.message)[:MAX_MSG] if rec is not None else None,
+        )
+    emit("launcher", **data)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(argv: Sequence[str], env: dict[str, str] | None = None, stderr: Any = None) -> subprocess.Popen[bytes]:
+    """Start ``python <argv>``: a rank in a fresh interpreter (it inherits the job's tag)."""
+    return subprocess.Popen([sys.executable, *argv], env={**os.environ, **(env or {})}, stderr=stderr)
+
+
+def wait_all(procs: dict[str, subprocess.Popen[bytes]], bound: float) -> dict[str, int | None]:
+    """Wait for every process (name -> process) until ``bound`` seconds; kill the rest.
+
+    Emits ``LC {"event": "exit", "name": ..., "code": ...}`` per process (code None: it was
+    still running at the bound and was killed).
+    """
+    deadline = time.monotonic() + bound
+    codes: dict[str, int | None] = {}
+    for name, proc in procs.items():
+        try:
+            codes[name] = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            codes[name] = None
+    for name, proc in procs.items():
+        if codes[name] is None:
+            proc.kill()
+            proc.wait()
+        emit("exit", name=name, code=codes[name])
+    return codes

@@ -1,0 +1,123 @@
+"""Process groups that come and go (issue 7, part 2): 3 rounds in one process pair.
+
+    lifecycle_cycles.py KIND METHOD [METHOD ...]
+        KIND "user": each round is ``dist.init_process_group("gloo", init_method=...,
+        rank=r, world_size=2)``, tether calls, ``dist.destroy_process_group()``.
+        KIND "tether": ``tether.initialize("gloo", init_method=..., rank=r, world_size=2)``,
+        tether calls, ``tether.finalize()``.
+        METHOD: ``env`` (``env://``, MASTER_ADDR/MASTER_PORT in the ranks' environment, the
+        same port every round), ``tcp`` (``tcp://127.0.0.1:PORT``, a fresh port every round),
+        ``file`` (``file:///tmp/...``, a fresh file every round).
+        This process starts one pair of rank processes per METHOD, all at once, each rank
+        a fresh interpreter with its stderr in a file; after they exit it prints each
+        rank's stderr as ``STDERR <method> <rank>: <line>`` and ``LC {"event": "exit",
+        "name": "<method>/<rank>", "code": ...}``.
+    torchrun --nproc_per_node 2 lifecycle_cycles.py torchrun tether
+        3 rounds of ``tether.initialize("gloo")`` / ``tether.finalize()`` from torchrun's
+        environment (torchrun's agent store outlives every round).
+
+Each rank prints ``LC {"event": "round", ...}`` per round: what the getters answered before,
+during and after the round, ``all_reduce(rank + 1)``, ``all_gather(100 * round + rank)``, and how long
+rank 0 waited in a barrier that rank 1 reaches 0.5 s late (a stale key from an earlier round
+would release it at once). After round 0 both ranks do local work for 6 s, longer than the
+default grace (5 s). An exception is reported as ``LC {"event": "error", ...}`` and ends the rank.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lifecycle_common import emit, free_port, safe_str, start, wait_all
+
+ROUNDS = 3
+LOCAL_WORK = 6.0  # seconds of local work after round 0: longer than the default grace (5 s)
+LATE = 0.5  # rank 1 reaches each barrier this late
+
+
+def one_round(kind: str, init_method: str | None, rank: int, k: int) -> dict[str, object]:
+    import torch.distributed as dist
+
+    import tether
+
+    before = {"before_world": tether.get_world_size(), "before_rank": tether.get_rank()}
+    if kind == "user":
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+    elif init_method is None:
+        tether.initialize("gloo")
+    else:
+        tether.initialize("gloo", init_method=init_method, rank=rank, world_size=2)
+    out: dict[str, object] = {"round": k, **before, "world": tether.get_world_size(), "seen_rank": tether.get_rank()}
+    out["sum"] = tether.all_reduce(rank + 1)
+    t = time.monotonic()
+    if rank == 1:
+        time.sleep(LATE)
+    tether.barrier()
+    out["waited"] = round(time.monotonic() - t, 3)
+    out["gathered"] = tether.all_gather(100 * k + rank)
+    if kind == "user":
+        dist.destroy_process_group()
+    else:
+        tether.finalize()
+    out["after_world"], out["after_rank"] = tether.get_world_size(), tether.get_rank()
+    return out
+
+
+def rank_main(kind: str, method: str, rank: int, addresses: list[str | None]) -> None:
+    for k in range(ROUNDS):
+        try:
+            out = one_round(kind, addresses[k], rank, k)
+        except BaseException as exc:
+            emit("error", method=method, rank=rank, round=k, exc=type(exc).__name__, msg=safe_str(exc)[:300])
+            raise
+        emit("round", method=method, rank=rank, **out)
+        if k == 0:
+            time.sleep(LOCAL_WORK)
+
+
+def addresses(method: str, tmp: str) -> list[str | None]:
+    if method == "env":
+        return ["env://"] * ROUNDS
+    if method == "tcp":
+        return [f"tcp://127.0.0.1:{free_port()}" for _ in range(ROUNDS)]
+    if method == "file":
+        return [f"file://{tmp}/{method}-store-{k}" for k in range(ROUNDS)]
+    raise SystemExit(f"unknown init method {method!r}")
+
+
+def main() -> None:
+    if sys.argv[1] == "rank":  # lifecycle_cycles.py rank KIND METHOD RANK ADDRESS...
+        kind, method, rank = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        rank_main(kind, method, rank, [a or None for a in sys.argv[5:]])
+        return
+    if sys.argv[1] == "torchrun":  # a rank under torchrun
+        import os
+
+        rank_main(sys.argv[2], "torchrun", int(os.environ["RANK"]), [None] * ROUNDS)
+        return
+    kind, methods = sys.argv[1], sys.argv[2:]
+    with tempfile.TemporaryDirectory(prefix="tether-cycles-") as tmp:
+        procs = {}
+        files = {}
+        for method in methods:
+            addrs = addresses(method, tmp)
+            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())} if method == "env" else {}
+            for rank in (0, 1):
+                name = f"{method}/{rank}"
+                files[name] = Path(tmp, f"{method}-{rank}.err")
+                with open(files[name], "wb") as err:
+                    argv = [__file__, "rank", kind, method, str(rank), *[a or "" for a in addrs]]
+                    procs[name] = start(argv, env=env, stderr=err)
+        codes = wait_all(procs, bound=100.0)
+        for name in procs:
+            method, rank = name.split("/")
+            for line in files[name].read_text(errors="replace").splitlines():
+                sys.stderr.write(f"STDERR {method} {rank}: {line}\n")
+        sys.stderr.flush()
+    sys.exit(0 if all(c == 0 for c in codes.values()) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Liveness (issue 7, part 1): a busy rank is never lost; a frozen or killed rank is found fast.
+
+    lifecycle_liveness.py gil
+        tether.spawn, 2 ranks, default settings (heartbeat 2, lost_after 6): rank 1 holds the
+        GIL ~10 s in ONE C call (``sum(range(N))``, N calibrated here), then both ranks call
+        barrier and all_reduce. Every rank prints ``LC {"event": "done", ...}``.
+    lifecycle_liveness.py sigstop
+        tether.spawn, 3 ranks, heartbeat 0.5, lost_after 2, grace 10: rank 1 holds the GIL
+        ~5 s in one C call, rank 2 SIGSTOPs itself 1 s after rank 1 went silent, rank 0
+        waits in barrier. Ranks 0 and 1 must raise PeerLost naming rank 2, never rank 1.
+    torchrun --nproc_per_node 3 lifecycle_liveness.py kill DIR
+        tether.initialize under torchrun, default settings: rank 1 writes its kill time to
+        DIR/killed and SIGKILLs itself while ranks 0 and 2 wait in barrier; they print the
+        latency of their exception after the kill.
+
+The launcher prints ``LC {"event": "launcher", "exc": ...}`` (None when spawn returned).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from lifecycle_common import emit, launcher_failed, raised
+
+import tether
+
+
+def calibrate(seconds: float) -> int:
+    """N such that ``sum(range(N))`` takes about ``seconds`` on this machine, now."""
+    n = 1_000_000
+    while True:
+        t = time.perf_counter()
+        sum(range(n))
+        dt = time.perf_counter() - t
+        if dt > 0.25:
+            return int(n * seconds / dt)
+        n *= 4
+
+
+def hold_gil(n: int) -> float:
+    """One C call that holds the GIL throughout (the sum stays below 2**63: one fast loop)."""
+    t = time.perf_counter()
+    sum(range(n))
+    return time.perf_counter() - t
+
+
+def gil_body(local_rank: int) -> None:
+    rank = tether.get_rank()
+    try:
+        tether.barrier()
+        held = 0.0
+        if rank == 1:
+            n = calibrate(10.0)
+            emit("busy", rank=rank, n=n, time=time.time())
+            held = hold_gil(n)
+        tether.barrier()
+        total = tether.all_reduce(rank + 1)
+    except BaseException as exc:
+        raised(rank, exc)
+        raise
+    emit("done", rank=rank, held=round(held, 3), total=total)
+
+
+def sigstop_body(local_rank: int) -> None:
+    rank = tether.get_rank()
+    held = 0.0
+    try:
+        tether.barrier()
+        n = calibrate(5.0) if rank == 1 else 0
+        tether.barrier()  # rank 1 goes silent first, rank 2 freezes 1 s later
+        if rank == 2:
+            time.sleep(1.0)
+            emit("stop", rank=rank, pid=os.getpid(), time=time.time())
+            os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(60)  # only if it is ever continued
+            return
+        if rank == 1:
+            held = hold_gil(n)
+            emit("busy", rank=rank, held=round(held, 3), time=time.time())
+        tether.barrier()
+    except BaseException as exc:
+        raised(rank, exc, held=round(held, 3))
+        raise
+    emit("done", rank=rank, held=round(held, 3))
+
+
+def kill_rank(out: str) -> None:
+    tether.initialize("gloo")
+    rank = tether.get_rank()
+    try:
+        tether.barrier()
+        if rank == 1:
+            time.sleep(0.5)  # the others are in the barrier by now
+            tmp = Path(out, "killed.tmp")
+            tmp.write_text(repr(time.time()))
+            os.replace(tmp, Path(out, "killed"))
+            os.kill(os.getpid(), signal.SIGKILL)
+        tether.barrier()
+    except BaseException as exc:
+        now = time.time()
+        path = Path(out, "killed")
+        while not path.exists() and time.time() < now + 5:
+            time.sleep(0.01)
+        killed = float(path.read_text()) if path.exists() else None
+        raised(rank, exc, latency=None if killed is None else round(now - killed, 4))
+        raise
+    finally:
+        tether.finalize()
+    emit("done", rank=rank)
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    if scenario == "kill":
+        kill_rank(sys.argv[2])
+        return
+    body, nproc, options = {
+        "gil": (gil_body, 2, {}),
+        "sigstop": (sigstop_body, 3, {"heartbeat": 0.5, "lost_after": 2.0, "grace": 10.0}),
+    }[scenario]
+    try:
+        tether.spawn("gloo", body, (), nproc_per_node=nproc, **options)
+    except BaseException as exc:
+        launcher_failed(exc)
+        sys.exit(1)
+    emit("launcher", exc=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""One root cause, any exception, exit codes (issue 7, parts 5-7), under ``tether.spawn``.
+
+    lifecycle_root.py simultaneous ITERS
+        ITERS jobs of 4 ranks, one after the other: after a barrier, rank 0 broadcasts an
+        instant 0.3 s ahead; ranks 1 and 2 spin until it and raise
+        RuntimeError("boom from rank R") within the same millisecond, while ranks 0 and 3
+        wait in all_reduce. After each job this process writes ``END OF JOB i`` to stderr.
+    lifecycle_root.py exit CODE
+        2 ranks, barrier and all_reduce, then CODE 0: both ranks call sys.exit(0);
+        CODE n: rank 1 calls sys.exit(n), rank 0 waits in the next barrier.
+    lifecycle_root.py weird {badstr,badrepr,huge}
+        2 ranks; after a barrier rank 1 raises an exception whose ``__str__`` raises, whose
+        ``__repr__`` raises, or whose message is 1 MiB long; rank 0 waits in the next barrier.
+
+Ranks print ``LC`` lines (``raised``, ``done``, ``struck``); the launcher prints
+``LC {"event": "launcher", ...}`` per job (exc None: spawn returned) and exits 1 if any
+job failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+from lifecycle_common import emit, launcher_failed, raised
+
+import tether
+
+HUGE = "huge message (hug3): " + "x" * (1 << 20)
+
+
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of BadStr raised")
+
+
+class BadRepr(Exception):
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ of BadRepr raised")
+
+
+def simultaneous(local_rank: int, job: int) -> None:
+    rank = tether.get_rank()
+    try:
+        tether.barrier()
+        t0 = tether.broadcast(time.time() + 0.3 if rank == 0 else 0.0, src=0)
+        if rank in (1, 2):
+            while time.time() < t0:
+                pass
+            raise RuntimeError(f"boom from rank {rank}")
+        tether.all_reduce(1)
+    except BaseException as exc:
+        if rank not in (1, 2):  # the failing ranks report nothing: they fail as close together as they can
+            raised(rank, exc, job=job)
+        raise
+    emit("done", rank=rank, job=job)
+
+
+def exits(local_rank: int, code: int) -> None:
+    rank = tether.get_rank()
+    try:
+        tether.barrier()
+        total = tether.all_reduce(rank + 1)
+    except BaseException as exc:
+        raised(rank, exc)
+        raise
+    emit("done", rank=rank, total=total)
+    if code == 0 or rank == 1:
+        sys.exit(code)
+    try:
+        tether.barrier()
+    except BaseException as exc:
+        raised(rank, exc)
+        raise
+    emit("passed", rank=rank)
+
+
+def weird(local_rank: int, kind: str) -> None:
+    rank = tether.get_rank()
+    try:
+        tether.barrier()
+        if rank == 1:
+            emit("struck", rank=rank, time=time.time())
+            if kind == "badstr":
+                raise BadStr("weird str (s7r)")
+            if kind == "badrepr":
+                raise BadRepr("weird repr (r3pr)")
+            raise ValueError(HUGE)
+        tether.barrier()
+    except BaseException as exc:
+        if rank != 1:
+            raised(rank, exc)
+        raise
+    emit("passed", rank=rank)
+
+
+def launch(fn: Callable[..., None], args: tuple[object, ...], nproc: int, job: int = 0) -> bool:
+    try:
+        tether.spawn("gloo", fn, args, nproc_per_node=nproc)
+    except BaseException as exc:
+        launcher_failed(exc, job=job)
+        return False
+    emit("launcher", exc=None, job=job)
+    return True
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    if scenario == "simultaneous":
+        ok = True
+        for job in range(int(sys.argv[2])):
+            ok = launch(simultaneous, (job,), 4, job) and ok
+            sys.stderr.write(f"END OF JOB {job}\n")
+            sys.stderr.flush()
+    elif scenario == "exit":
+        ok = launch(exits, (int(sys.argv[2]),), 2)
+    else:
+        ok = launch(weird, (sys.argv[2],), 2)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""Fed to ``python -`` (or ``python -c``) by the tests (issue 7): spawn of a function defined there.
+
+There is no file behind ``__main__``, as in a notebook. ``tether.spawn`` must either run
+``fn`` on both ranks, or say in one line what to do -- never one pickling or
+``FileNotFoundError: '<stdin>'`` traceback per child.
+"""
+
+import tether
+
+
+def fn(local_rank, token):
+    print(f"rank {tether.get_rank()} ran fn with {token}", flush=True)
+    tether.barrier()
+
+
+if __name__ == "__main__":
+    tether.spawn("gloo", fn, ("t0k3n",), nproc_per_node=2)
+    print("LAUNCHER returned", flush=True)

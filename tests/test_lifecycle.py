@@ -1,0 +1,258 @@
+"""Never harm a healthy job (issue 7, part 2): process groups that come and go, and interactive use.
+
+* 3 rounds of user-made groups (``dist.init_process_group`` / ``destroy_process_group``) and
+  of ``tether.initialize`` / ``tether.finalize`` in one process pair, on ``env://``, ``tcp://``
+  and ``file://`` (and under torchrun, whose agent store outlives every round): every round
+  answers right, no rank is killed by an old context while it works locally after a destroy,
+  the logs stay clean, and without a group the getters answer for one process.
+* ``finalize()`` disarms the ladder: a rank that handled a PeerFailure lives on.
+* ``file://`` for ``tether.spawn`` and ``Parallel``, with a failure contained as usual.
+* ``python -i``: an uncaught exception does not end the interpreter.
+* ``spawn`` of a function defined on stdin works or says in one line what to do; an
+  unpicklable function gets one clear error before any child starts.
+
+Jobs: ``tests/jobs/lifecycle_cycles.py``, ``lifecycle_disarm.py``, ``lifecycle_spawn.py``,
+``lifecycle_interactive.py``, ``lifecycle_stdin.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _core import tail
+from _harness import JOBS, Result, free_port, python, run, torchrun
+
+BOUND = 120.0
+SPAWN_REPORT = "tether: job failed. Root cause: "
+METHODS = ("env", "tcp", "file")
+LATE = 0.5  # as lifecycle_cycles.LATE
+full = pytest.mark.full
+
+
+def events(res: Result, event: str) -> list[dict[str, Any]]:
+    """The job's ``LC`` lines of one event (torchrun may prefix a line with ``[rankN]:``)."""
+    found = []
+    for line in res.stdout.splitlines():
+        at = line.find("LC {")
+        if at >= 0:
+            data = json.loads(line[at + 3 :])
+            if data["event"] == event:
+                found.append(data)
+    return found
+
+
+def dirty(lines: list[str]) -> list[str]:
+    """Log lines a healthy run must not print."""
+    return [s for s in lines if "[W" in s or "Traceback" in s or "warning" in s.lower() or "lost" in s.lower()]
+
+
+# --- process groups that come and go ----------------------------------------------------
+
+
+def round_problems(rounds: list[dict[str, Any]], errors: list[dict[str, Any]], where: str, rank: int) -> list[str]:
+    problems = []
+    done = [e["round"] for e in rounds]
+    if done != [0, 1, 2]:
+        why = "; ".join(f"round {e['round']}: {e['exc']}: {e['msg']}" for e in errors) or "no error reported"
+        problems.append(f"{where} rank {rank}: finished rounds {done}, expected [0, 1, 2] ({why})")
+    for e in rounds:
+        k = e["round"]
+        expected = {
+            "before_world": 1,
+            "before_rank": 0,
+            "world": 2,
+            "seen_rank": rank,
+            "sum": 3,
+            "gathered": [100 * k, 100 * k + 1],
+            "after_world": 1,
+            "after_rank": 0,
+        }
+        wrong = {key: e[key] for key in expected if e[key] != expected[key]}
+        if wrong:
+            want = {key: expected[key] for key in wrong}
+            problems.append(f"{where} rank {rank} round {k}: got {wrong}, expected {want}")
+        if rank == 0 and e["waited"] < LATE - 0.1:
+            problems.append(
+                f"{where} round {k}: rank 0's barrier let it through after {e['waited']} s, "
+                f"although rank 1 came {LATE} s late (a key from an earlier round?)"
+            )
+    return problems
+
+
+def check_cycles(res: Result, methods: tuple[str, ...]) -> None:
+    assert res.returncode is not None, f"the job did not end within {BOUND} s\n{tail(res)}"
+    rounds, errors = events(res, "round"), events(res, "error")
+    exits = {e["name"]: e["code"] for e in events(res, "exit")}
+    problems = []
+    for method in methods:
+        for rank in (0, 1):
+            mine = [e for e in rounds if e["method"] == method and e["rank"] == rank]
+            failed = [e for e in errors if e["method"] == method and e["rank"] == rank]
+            problems += round_problems(mine, failed, method, rank)
+            code = exits.get(f"{method}/{rank}")
+            if code != 0:
+                problems.append(f"{method} rank {rank} exited with {code}, expected 0")
+            logged = [s.split(": ", 1)[1] for s in res.stderr.splitlines() if s.startswith(f"STDERR {method} {rank}: ")]
+            if dirty(logged):
+                problems.append(f"{method} rank {rank} logged: " + " | ".join(s[:200] for s in dirty(logged)[:4]))
+    assert not problems, "\n".join(problems) + "\n" + tail(res, 3000)
+    assert res.returncode == 0, tail(res)
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(180)
+def test_user_made_process_groups_come_and_go_three_times_on_each_init_method() -> None:
+    res = python("lifecycle_cycles.py", "user", *METHODS, bound=BOUND)
+    check_cycles(res, METHODS)
+
+
+@pytest.mark.timeout(180)
+def test_initialize_and_finalize_three_times_in_one_process_on_each_init_method() -> None:
+    res = python("lifecycle_cycles.py", "tether", *METHODS, bound=BOUND)
+    check_cycles(res, METHODS)
+
+
+@pytest.mark.timeout(180)
+def test_initialize_and_finalize_three_times_under_torchrun_where_the_agent_store_outlives_rounds() -> None:
+    res = torchrun("lifecycle_cycles.py", "torchrun", "tether", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode is not None, f"the job did not end within {BOUND} s\n{tail(res)}"
+    rounds, errors = events(res, "round"), events(res, "error")
+    problems = []
+    for rank in (0, 1):
+        mine = [e for e in rounds if e["rank"] == rank]
+        problems += round_problems(mine, [e for e in errors if e["rank"] == rank], "torchrun", rank)
+    if dirty(res.stderr.splitlines()):
+        problems.append("logged: " + " | ".join(s[:200] for s in dirty(res.stderr.splitlines())[:4]))
+    assert not problems, "\n".join(problems) + "\n" + tail(res, 3000)
+    assert res.returncode == 0, tail(res)
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+# --- finalize disarms the ladder ------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_finalize_disarms_the_ladder_and_the_rank_lives_on() -> None:
+    # Rank 1 raises. Rank 0 caught the PeerFailure of a barrier, then called finalize();
+    # rank 2 was in user code when the failure came and no tether call raised it before
+    # finalize() (the ladder was armed and never stood down). Both then work locally for
+    # grace + 3 s: the ladder must not end them (exit 3 or 6).
+    res = python("lifecycle_disarm.py", bound=60.0)
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    raised = {e["rank"]: e for e in events(res, "raised")}
+    assert 0 in raised, f"rank 0 reported no exception from its barrier\n{tail(res)}"
+    r0 = raised[0]
+    assert r0["exc"] == "PeerFailure" and r0["failing"] == 1, f"rank 0 raised {r0['exc']}: {r0['msg']}\n{tail(res)}"
+    assert r0["orig_type"] == "ValueError" and r0["orig_msg"] == "bad 0.1", r0
+    assert not events(res, "passed"), f"rank 0's barrier passed without rank 1\n{tail(res)}"
+    assert "ValueError: bad 0.1" in res.stderr, f"rank 1's own error is not in the output\n{tail(res)}"
+    exits = {e["name"]: e["code"] for e in events(res, "exit")}
+    finalized = {e["rank"] for e in events(res, "finalized")}
+    lines = res.stdout.splitlines()
+    problems = []
+    for rank, how in ((0, "caught the PeerFailure"), (2, "never took the failure")):
+        if rank not in finalized:
+            problems.append(f"rank {rank} ({how}) did not return from finalize()")
+        elif f"alive rank {rank}" not in lines:
+            problems.append(f"rank {rank} ({how}) was ended after finalize() with exit code {exits.get(str(rank))}")
+        elif exits.get(str(rank)) != 0:
+            problems.append(f"rank {rank} ({how}) exited with {exits.get(str(rank))} after finalize(), expected 0")
+    assert not problems, "; ".join(problems) + f" (3 or 6: the ladder fired)\n{tail(res)}"
+    assert exits.get("1") == 1, f"rank 1 (raised ValueError) exited with {exits.get('1')}, expected 1\n{tail(res)}"
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+# --- file:// for spawn and Parallel ---------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["spawn", pytest.param("parallel", marks=full)])
+def test_file_init_method_for_spawn_and_parallel_contains_a_failure(launcher: str, tmp_path: Path) -> None:
+    message = "file store fault on rank 1 (f1le)"  # as lifecycle_spawn.MESSAGE
+    res = python("lifecycle_spawn.py", "file", launcher, str(tmp_path), bound=90.0)
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    assert res.returncode != 0, f"a failed job must not exit 0\n{tail(res)}"
+    launchers = events(res, "launcher")
+    assert launchers, f"the launcher reported nothing\n{tail(res)}"
+    lead = launchers[0]
+    assert lead["exc"] == "JobFailed", f"the launcher raised {lead['exc']}: {lead['msg']}\n{tail(res)}"
+    assert lead["root_rank"] == 1 and lead["root_type"] == "ValueError" and lead["root_msg"] == message, lead
+    raised = {e["rank"]: e for e in events(res, "raised")}
+    assert 0 in raised, f"rank 0 reported no exception\n{tail(res)}"
+    assert raised[0]["exc"] == "PeerFailure" and raised[0]["failing"] == 1, raised[0]
+    assert raised[0]["msg"].startswith(f"rank 1 failed: ValueError: {message}"), raised[0]
+    headline = f"{SPAWN_REPORT}rank 1 failed: ValueError: {message}"
+    assert res.stderr.count(headline) == 1, f"root cause not printed once\n{tail(res)}"
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+# --- interactive use -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_an_uncaught_exception_in_python_i_does_not_end_the_interpreter(tmp_path: Path) -> None:
+    commands = tmp_path / "stdin.txt"
+    commands.write_text('print("still alive")\nexit()\n')
+    script = JOBS / "lifecycle_interactive.py"
+    args = ["sh", "-c", 'exec "$0" -i "$1" "$2" < "$3"', sys.executable, str(script), str(free_port()), str(commands)]
+    res = run(args, bound=60.0)
+    assert res.returncode is not None, f"the interpreter did not end within its bound\n{tail(res)}"
+    assert "INITIALIZED world=1 sum=5" in res.stdout, f"the one-rank job did not start\n{tail(res)}"
+    assert res.stderr.count("RuntimeError: uncaught in an interactive session (1nt3r)") == 1, tail(res)
+    assert "still alive" in res.stdout, f"the interpreter ended on the uncaught exception\n{tail(res)}"
+    assert res.returncode == 0, f"exit() must end the interpreter with 0, got {res.returncode}\n{tail(res)}"
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+def check_spawn_from_nowhere(res: Result) -> None:
+    """Either both ranks ran, or one clear error: never a traceback per child."""
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    out = res.output
+    assert out.count("Traceback") <= 1, f"{out.count('Traceback')} tracebacks (one per child?)\n{tail(res)}"
+    assert not re.search(r"FileNotFoundError.*<stdin>", out), f"a raw FileNotFoundError '<stdin>'\n{tail(res)}"
+    errors = [s for s in res.stderr.splitlines() if re.match(r"^[\w.]*(Error|Exception)\b", s)]
+    assert len(errors) <= 1, f"more than one error line: {errors}\n{tail(res)}"
+    ran = sorted(re.findall(r"^rank (\d) ran fn with t0k3n$", res.stdout, re.M))
+    if res.returncode == 0:
+        assert ran == ["0", "1"] and "LAUNCHER returned" in res.stdout, tail(res)
+    else:
+        assert ran == [], f"the job failed, yet ranks {ran} ran fn\n{tail(res)}"
+        assert errors or res.stderr.strip(), f"a failed launch must say what to do\n{tail(res)}"
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(120)
+def test_spawn_of_a_function_defined_on_stdin_works_or_says_what_to_do_once() -> None:
+    script = JOBS / "lifecycle_stdin.py"
+    res = run(["sh", "-c", 'exec "$0" - < "$1"', sys.executable, str(script)], bound=60.0)
+    check_spawn_from_nowhere(res)
+
+
+@full
+@pytest.mark.timeout(120)
+def test_spawn_of_a_function_defined_in_python_c_works_or_says_what_to_do_once() -> None:
+    res = run([sys.executable, "-c", (JOBS / "lifecycle_stdin.py").read_text()], bound=60.0)
+    check_spawn_from_nowhere(res)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["lambda", "closure"])
+def test_spawn_of_an_unpicklable_function_raises_one_clear_error_before_any_child(kind: str) -> None:
+    res = python("lifecycle_spawn.py", "unpicklable", kind, bound=60.0)
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    assert res.returncode != 0, f"spawn of a {kind} must fail\n{tail(res)}"
+    launchers = events(res, "launcher")
+    assert launchers, f"the launcher reported nothing\n{tail(res)}"
+    assert launchers[0]["clear"], (
+        f"the launcher raised {launchers[0]['exc']} ({launchers[0]['mro']}): {launchers[0]['msg']}; "
+        f"expected a TypeError, ValueError or PicklingError\n{tail(res)}"
+    )
+    assert "CHILD STARTED" not in res.stdout, f"a child was started for an unpicklable function\n{tail(res)}"
+    assert res.output.count("Traceback") == 1, f"{res.output.count('Traceback')} tracebacks, expected 1\n{tail(res)}"
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"

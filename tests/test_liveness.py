@@ -1,0 +1,123 @@
+"""Liveness judged without the GIL (issue 7, part 1), with real processes on gloo.
+
+* A healthy rank that holds the GIL ~10 s in one C call is never posted lost nor killed
+  (default settings: heartbeat 2 s, lost_after 6 s): a judge that runs as a Python thread
+  beside it stops with it.
+* A SIGSTOPped rank is found within ``lost_after`` (+1.5 s), also while another rank is
+  busy in a GIL-holding call; the survivors name the frozen rank, never the busy one.
+* Under torchrun a SIGKILLed rank is found within 1 s (not by heartbeat, 7.5 s later).
+
+Jobs: ``tests/jobs/lifecycle_liveness.py``. Every failure test asserts the bound, the
+exception on every survivor, the root cause in the output, and that no process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from _core import tail
+from _harness import Result, python, torchrun
+
+BOUND = 120.0
+SPAWN_REPORT = "tether: job failed. Root cause: "
+TORCHRUN_REPORT = "Root Cause (first observed failure):"
+
+
+def events(res: Result, event: str) -> list[dict[str, Any]]:
+    """The job's ``LC`` lines of one event (torchrun may prefix a line with ``[rankN]:``)."""
+    found = []
+    for line in res.stdout.splitlines():
+        at = line.find("LC {")
+        if at >= 0:
+            data = json.loads(line[at + 3 :])
+            if data["event"] == event:
+                found.append(data)
+    return found
+
+
+def by_rank(res: Result, event: str) -> dict[int, dict[str, Any]]:
+    got: dict[int, dict[str, Any]] = {}
+    for data in events(res, event):
+        assert data["rank"] not in got, f"rank {data['rank']} printed two {event!r} lines\n{tail(res)}"
+        got[data["rank"]] = data
+    return got
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_holding_the_gil_10_s_in_one_c_call_is_not_lost_with_default_settings() -> None:
+    res = python("lifecycle_liveness.py", "gil", bound=BOUND)
+    assert res.returncode is not None, f"the job did not end within {BOUND} s\n{tail(res)}"
+    done = by_rank(res, "done")
+    busy = events(res, "busy")
+    assert busy, f"rank 1 never started its GIL-holding call\n{tail(res)}"
+    raised = events(res, "raised")
+    assert not raised, f"a healthy job raised: {raised}\n{tail(res)}"
+    assert res.returncode == 0, f"a healthy job must exit 0 (a busy rank was taken for lost?)\n{tail(res)}"
+    assert sorted(done) == [0, 1], f"ranks that finished: {sorted(done)}\n{tail(res)}"
+    # the test means something only if the C call outlasted lost_after + heartbeat (8 s)
+    assert done[1]["held"] >= 8.0, f"rank 1 held the GIL only {done[1]['held']} s; calibration failed\n{tail(res)}"
+    assert all(d["total"] == 3 for d in done.values()), f"all_reduce(rank + 1) != 3: {done}\n{tail(res)}"
+    assert "lost" not in res.output.lower(), f"'lost' in the output of a healthy job\n{tail(res)}"
+    assert SPAWN_REPORT not in res.stderr, tail(res)
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(180)
+def test_a_sigstopped_rank_is_found_within_lost_after_while_another_rank_is_busy_in_c() -> None:
+    lost_after = 2.0
+    res = python("lifecycle_liveness.py", "sigstop", bound=BOUND)
+    # 1. bounded, and a failure
+    assert res.returncode is not None, f"the job did not end within {BOUND} s\n{tail(res)}"
+    assert res.returncode != 0, f"a job with a frozen rank must not exit 0\n{tail(res)}"
+    stops = events(res, "stop")
+    assert len(stops) == 1, f"rank 2 never stopped itself\n{tail(res)}"
+    stop = stops[0]
+    # 2. every survivor (0, and 1 once its C call returned) raised PeerLost naming rank 2
+    got = by_rank(res, "raised")
+    assert sorted(got) == [0, 1], f"ranks 0 and 1 must each report one exception, got {sorted(got)}\n{tail(res)}"
+    for r, d in got.items():
+        assert d["exc"] == "PeerLost", f"rank {r} raised {d['exc']}: {d['msg']}, expected PeerLost\n{tail(res)}"
+        assert d["failing"] == 2, f"rank {r}'s PeerLost names rank {d['failing']}, not the frozen rank 2: {d['msg']}"
+    busy = events(res, "busy")
+    assert busy and busy[0]["held"] > lost_after + 1.0, f"rank 1 was not busy long enough: {busy}\n{tail(res)}"
+    late = got[0]["time"] - stop["time"]
+    assert late < lost_after + 1.5, f"rank 0 raised {late:.2f} s after the SIGSTOP (bound {lost_after + 1.5})"
+    # 3. the root cause: rank 2, printed once
+    roots = re.findall(rf"^{re.escape(SPAWN_REPORT)}rank (\d+) failed: ", res.stderr, re.M)
+    assert roots == ["2"], f"root cause lines name ranks {roots}, expected ['2']\n{tail(res)}"
+    launcher = events(res, "launcher")
+    assert launcher and launcher[0]["exc"] == "JobFailed" and launcher[0]["root_rank"] == 2, launcher
+    # 4. the frozen process is gone, and nothing else is left
+    assert res.leftovers == [], f"processes left (frozen rank 2 was pid {stop['pid']}): {res.leftovers}\n{tail(res)}"
+
+
+def torchrun_root_rank(output: str) -> int | None:
+    """The rank torchrun's "Root Cause" block blames (its own line, or the story a victim wrote)."""
+    if output.count(TORCHRUN_REPORT) != 1:
+        return None
+    block = output[output.index(TORCHRUN_REPORT) :].split("=" * 20, 1)[0]
+    found = re.search(r"rank (\d+) failed: ", block) or re.search(r"^\s+rank\s+: (\d+) \(", block, re.M)
+    return int(found.group(1)) if found else None
+
+
+@pytest.mark.timeout(180)
+def test_under_torchrun_a_sigkilled_rank_is_found_within_1_s(tmp_path: Any) -> None:
+    res = torchrun("lifecycle_liveness.py", "kill", str(tmp_path), nproc=3, bound=BOUND)
+    assert res.returncode is not None, f"the job did not end within {BOUND} s\n{tail(res)}"
+    assert res.returncode != 0, f"a job with a killed rank must not exit 0\n{tail(res)}"
+    got = by_rank(res, "raised")
+    assert sorted(got) == [0, 2], f"survivors 0 and 2 must each report one exception, got {sorted(got)}\n{tail(res)}"
+    for r, d in got.items():
+        assert d["peer_failure"], f"rank {r} raised {d['exc']}: {d['msg']}, expected PeerLost/PeerFailure\n{tail(res)}"
+        assert d["failing"] == 1, f"rank {r} names rank {d['failing']}, not the killed rank 1: {d['msg']}"
+    latency = {r: d["latency"] for r, d in got.items()}
+    assert all(
+        v is not None and v < 1.0 for v in latency.values()
+    ), f"seconds from the SIGKILL to each survivor's exception: {latency} (bound 1.0)\n{tail(res)}"
+    root = torchrun_root_rank(res.output)
+    assert root == 1, f"torchrun's root cause names rank {root}, expected the killed rank 1\n{tail(res)}"
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"

@@ -1,0 +1,148 @@
+"""One root cause, any exception, exit codes that mean what they say (issue 7, parts 5-7).
+
+* Two ranks fail within the same millisecond: every survivor and the launcher's report
+  name the same root cause (repeated: the race is between posters).
+* ``sys.exit(0)`` in a worker is success; ``sys.exit(3)`` is a failure posted with its code
+  (3 is also ``ExitCode.PEER_FAILED``: a launcher must not take it for a consequence).
+* An exception whose ``__str__`` or ``__repr__`` raises, or with a 1 MiB message, is posted
+  and reaches the waiting peer in bound.
+
+Job: ``tests/jobs/lifecycle_root.py`` under ``tether.spawn``. Failure tests assert the
+bound, the exception on every survivor, the root cause in the output, and that no process
+is left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from _core import NOTICE, tail
+from _harness import Result, python
+
+BOUND = 120.0
+SPAWN_REPORT = "tether: job failed. Root cause: "
+JOBS_IN_A_ROW = 3
+
+
+def events(res: Result, event: str) -> list[dict[str, Any]]:
+    found = []
+    for line in res.stdout.splitlines():
+        at = line.find("LC {")
+        if at >= 0:
+            data = json.loads(line[at + 3 :])
+            if data["event"] == event:
+                found.append(data)
+    return found
+
+
+def root_lines(stderr: str) -> list[str]:
+    return [s[len(SPAWN_REPORT) :] for s in stderr.splitlines() if s.startswith(SPAWN_REPORT)]
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_failing_in_the_same_millisecond_give_one_root_cause_everywhere() -> None:
+    res = python("lifecycle_root.py", "simultaneous", str(JOBS_IN_A_ROW), bound=200.0)
+    assert res.returncode is not None, f"the jobs did not end within their bound\n{tail(res)}"
+    assert res.returncode != 0, tail(res)
+    # the report of each job, in order (jobs run one after the other)
+    chunks = res.stderr.split("END OF JOB ")
+    assert len(chunks) == JOBS_IN_A_ROW + 1, f"not every job ended\n{tail(res)}"
+    launchers = {e["job"]: e for e in events(res, "launcher")}
+    raised = events(res, "raised")
+    problems = []
+    for job in range(JOBS_IN_A_ROW):
+        roots = root_lines(chunks[job])
+        found = [re.match(r"rank (\d+) failed: RuntimeError: boom from rank (\d+)$", r) for r in roots]
+        if len(roots) != 1 or not found[0] or found[0].group(1) != found[0].group(2):
+            problems.append(f"job {job}: root cause lines {roots}, expected one 'rank R failed: ... boom from rank R'")
+            continue
+        root = int(found[0].group(1))
+        if root not in (1, 2):
+            problems.append(f"job {job}: the root cause names rank {root}, which did not fail")
+        lead = launchers.get(job, {})
+        if lead.get("exc") != "JobFailed" or lead.get("root_rank") != root:
+            problems.append(f"job {job}: the report names rank {root}, JobFailed says {lead}")
+        mine = {e["rank"]: e for e in raised if e["job"] == job}
+        for r in (0, 3):
+            d = mine.get(r)
+            if d is None:
+                problems.append(f"job {job}: survivor rank {r} reported no exception")
+            elif not d["peer_failure"] or d["failing"] != root:
+                problems.append(f"job {job}: rank {r} raised {d['exc']}: {d['msg']}; the report names rank {root}")
+            elif d["orig_type"] != "RuntimeError" or d["orig_msg"] != f"boom from rank {root}":
+                problems.append(f"job {job}: rank {r}'s PeerFailure says {d['orig_type']}: {d['orig_msg']}")
+    assert not problems, "\n".join(problems) + "\n" + tail(res, 3000)
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(120)
+def test_sys_exit_0_in_every_worker_is_success() -> None:
+    res = python("lifecycle_root.py", "exit", "0", bound=90.0)
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    lead = events(res, "launcher")
+    assert lead and lead[0]["exc"] is None, f"spawn raised on sys.exit(0): {lead}\n{tail(res)}"
+    assert res.returncode == 0, tail(res)
+    done = {e["rank"]: e["total"] for e in events(res, "done")}
+    assert done == {0: 3, 1: 3}, f"ranks that finished (rank -> all_reduce): {done}\n{tail(res)}"
+    assert SPAWN_REPORT not in res.stderr and "SystemExit" not in res.output, tail(res)
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(120)
+def test_sys_exit_3_on_one_worker_is_a_failure_posted_with_its_code() -> None:
+    res = python("lifecycle_root.py", "exit", "3", bound=90.0)
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    assert res.returncode != 0, tail(res)
+    lead = events(res, "launcher")
+    assert lead and lead[0]["exc"] == "JobFailed", f"the launcher: {lead}\n{tail(res)}"
+    assert lead[0]["root_rank"] == 1 and lead[0]["root_type"] == "SystemExit", lead[0]
+    assert re.search(r"\b3\b", lead[0]["root_msg"] or ""), f"the root cause does not carry code 3: {lead[0]}"
+    assert lead[0]["exit_codes"].get("1") == 3, f"rank 1's exit code: {lead[0]['exit_codes']}"
+    raised = {e["rank"]: e for e in events(res, "raised")}
+    assert 0 in raised, f"rank 0 reported no exception from its barrier\n{tail(res)}"
+    r0 = raised[0]
+    assert (
+        r0["peer_failure"] and r0["failing"] == 1 and r0["orig_type"] == "SystemExit"
+    ), f"rank 0 raised {r0['exc']}: {r0['msg']}\n{tail(res)}"
+    assert re.search(r"\b3\b", r0["orig_msg"]), r0
+    roots = root_lines(res.stderr)
+    assert len(roots) == 1 and re.match(r"rank 1 failed: SystemExit: .*\b3\b", roots[0]), f"{roots}\n{tail(res)}"
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("kind", "exc_type"),
+    [("badstr", "BadStr"), ("badrepr", "BadRepr"), ("huge", "ValueError")],
+)
+def test_an_exception_that_is_hard_to_render_still_reaches_the_peer(kind: str, exc_type: str) -> None:
+    res = python("lifecycle_root.py", "weird", kind, bound=90.0)
+    # 1. bounded (never waits forever), and a failure
+    assert res.returncode is not None, f"the job did not end within its bound (rank 0 waited forever?)\n{tail(res)}"
+    assert res.returncode != 0, tail(res)
+    struck = events(res, "struck")
+    assert struck, f"rank 1 never raised\n{tail(res)}"
+    # 2. rank 0 raised PeerFailure naming rank 1 and the type, soon after
+    raised = {e["rank"]: e for e in events(res, "raised")}
+    assert 0 in raised, f"rank 0 reported no exception from its barrier\n{tail(res)}"
+    r0 = raised[0]
+    assert r0["peer_failure"] and r0["failing"] == 1, f"rank 0 raised {r0['exc']}: {r0['msg']}\n{tail(res)}"
+    assert r0["orig_type"] == exc_type, f"rank 0's PeerFailure names type {r0['orig_type']!r}\n{tail(res)}"
+    if kind == "huge":
+        assert r0["orig_msg"].startswith("huge message (hug3): xxxx"), r0["orig_msg"][:200]
+    if kind == "badrepr":  # its __str__ works: the message must come through whole
+        assert r0["orig_msg"] == "weird repr (r3pr)", r0["orig_msg"][:200]
+    late = r0["time"] - struck[0]["time"]
+    assert late < NOTICE, f"rank 0 raised {late:.1f} s after rank 1 (bound {NOTICE} s)"
+    # 3. the root cause, once
+    roots = root_lines(res.stderr)
+    assert len(roots) == 1 and roots[0].startswith(f"rank 1 failed: {exc_type}"), f"{roots}\n{tail(res, 1500)}"
+    lead = events(res, "launcher")
+    assert lead and lead[0]["exc"] == "JobFailed" and lead[0]["root_rank"] == 1, lead
+    assert lead[0]["root_type"] == exc_type, lead
+    # 4. nothing left
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"

@@ -1,0 +1,112 @@
+"""SIGINT and SIGTERM are honoured within 0.5 s wherever tether waits (issue 7, part 5).
+
+Rank 0 waits in ``tether.barrier()`` that rank 1 never joins; rank 1 sends the signal to
+rank 0's process and measures how long rank 0 took to raise KeyboardInterrupt/SystemExit
+(or to be gone). Then rank 1 enters a barrier itself and must raise PeerFailure naming
+rank 0. Launchers: ``tether.spawn`` (signal to the rank process), torchrun (to the worker),
+and plain ``tether.initialize`` in 2 processes that the job script starts.
+
+Job: ``tests/jobs/lifecycle_signals.py``. Each test asserts the bound, the exceptions of
+both ranks, the root cause (rank 0, the signal) in the output, and that no process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _core import tail
+from _harness import Result, python, torchrun
+
+BOUND = 90.0
+LATENCY = 0.5
+SPAWN_REPORT = "tether: job failed. Root cause: "
+TORCHRUN_REPORT = "Root Cause (first observed failure):"
+full = pytest.mark.full
+
+
+def events(res: Result, event: str) -> list[dict[str, Any]]:
+    """The job's ``LC`` lines of one event (torchrun may prefix a line with ``[rankN]:``)."""
+    found = []
+    for line in res.stdout.splitlines():
+        at = line.find("LC {")
+        if at >= 0:
+            data = json.loads(line[at + 3 :])
+            if data["event"] == event:
+                found.append(data)
+    return found
+
+
+def names_signal(text: str, signame: str) -> bool:
+    return signame in text or (signame == "SIGINT" and "KeyboardInterrupt" in text)
+
+
+def torchrun_root_rank(output: str) -> int | None:
+    if output.count(TORCHRUN_REPORT) != 1:
+        return None
+    block = output[output.index(TORCHRUN_REPORT) :].split("=" * 20, 1)[0]
+    found = re.search(r"rank (\d+) failed: ", block) or re.search(r"^\s+rank\s+: (\d+) \(", block, re.M)
+    return int(found.group(1)) if found else None
+
+
+def run_job(launcher: str, signame: str, out: Path) -> Result:
+    if launcher == "torchrun":
+        return torchrun("lifecycle_signals.py", "torchrun", signame, str(out), nproc=2, bound=BOUND)
+    return python("lifecycle_signals.py", launcher, signame, str(out), bound=BOUND)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("launcher", "signame"),
+    [
+        ("spawn", "SIGTERM"),
+        pytest.param("spawn", "SIGINT", marks=full),
+        ("torchrun", "SIGTERM"),
+        pytest.param("torchrun", "SIGINT", marks=full),
+        ("plain", "SIGINT"),
+        pytest.param("plain", "SIGTERM", marks=full),
+    ],
+)
+def test_a_signal_to_a_rank_waiting_in_barrier_is_honoured_within_half_a_second(
+    launcher: str, signame: str, tmp_path: Path
+) -> None:
+    res = run_job(launcher, signame, tmp_path)
+    # 1. bounded, and a failure
+    assert res.returncode is not None, f"the job did not end within {BOUND} s\n{tail(res)}"
+    assert res.returncode != 0, f"a job whose rank was stopped by {signame} must not exit 0\n{tail(res)}"
+    assert events(res, "sent"), f"rank 1 never sent {signame}\n{tail(res)}"
+    passed = events(res, "passed")
+    assert not any(e["rank"] == 0 for e in passed), f"rank 0's barrier passed: {signame} was not honoured\n{tail(res)}"
+    observed = events(res, "observed")
+    assert observed, f"rank 1 reported no observation\n{tail(res)}"
+    latency = observed[0]["latency"]
+    assert latency is not None, f"rank 0 neither raised nor exited within 3 s of {signame}\n{tail(res)}"
+    assert latency < LATENCY, f"rank 0 honoured {signame} after {latency:.3f} s (bound {LATENCY})\n{tail(res)}"
+    # 2. rank 0 raised KeyboardInterrupt/SystemExit (or is gone); rank 1 raised PeerFailure naming it
+    raised = {e["rank"]: e for e in events(res, "raised")}
+    if 0 in raised:
+        assert raised[0]["interrupt"], f"rank 0 raised {raised[0]['exc']}: {raised[0]['msg']}\n{tail(res)}"
+    assert 1 in raised, f"rank 1 reported no exception from its barrier\n{tail(res)}"
+    r1 = raised[1]
+    assert r1["peer_failure"] and r1["failing"] == 0, f"rank 1 raised {r1['exc']}: {r1['msg']}\n{tail(res)}"
+    # 3. the root cause: rank 0, stopped by the signal
+    story = f"{r1['orig_type']}: {r1['orig_msg']}"
+    assert names_signal(story, signame), f"rank 1's PeerFailure does not name {signame}: {r1['msg']}\n{tail(res)}"
+    if launcher == "spawn":
+        roots = re.findall(rf"^{re.escape(SPAWN_REPORT)}rank (\d+) failed: (.*)$", res.stderr, re.M)
+        assert len(roots) == 1 and roots[0][0] == "0", f"root cause lines: {roots}\n{tail(res)}"
+        assert names_signal(roots[0][1], signame), roots
+        lead = events(res, "launcher")
+        assert lead and lead[0]["exc"] == "JobFailed" and lead[0]["root_rank"] == 0, lead
+    elif launcher == "torchrun":
+        root = torchrun_root_rank(res.output)
+        assert root == 0, f"torchrun's root cause names rank {root}, expected 0\n{tail(res)}"
+    else:
+        codes = {e["name"]: e["code"] for e in events(res, "exit")}
+        assert codes.get("0") not in (0, None) and codes.get("1") not in (0, None), f"exit codes {codes}\n{tail(res)}"
+    # 4. nothing left
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
