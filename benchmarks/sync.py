@@ -66,9 +66,9 @@ def _contenders(world: int, quick: bool) -> list[tuple[str, str, Callable[[], ob
     except ImportError:
         igd = None
 
-    from tether import context
+    from tether._core.runtime import current
 
-    ctx = context.current()
+    ctx = current()
     store = ctx.store
     assert store is not None
     gate_seq = [0]

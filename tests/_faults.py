@@ -102,9 +102,9 @@ class Sequencer:
     """Orders events across ranks with keys on the job's store (its own connection)."""
 
     def __init__(self) -> None:
-        from tether import context  # the test reaches into tether's store on purpose
+        from tether._core.runtime import current  # the test reaches into tether's store on purpose
 
-        store = context.current().store
+        store = current().store
         assert store is not None, "the fault job needs tether's store"
         self._store = store.clone()
         self._store.set_timeout(datetime.timedelta(minutes=5))

@@ -110,8 +110,8 @@ def death(failure: str, place: str, launcher: str, nproc: int, striker: int, **k
 
 
 def freeze(place: str, launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
-    """SIGSTOP: the heartbeat neighbour posts the rank as lost after ``lost_after``."""
-    root = (striker, "Lost", "no heartbeat for")
+    """SIGSTOP: a judge on its host (the launcher, or a rank) sees it stopped for ``lost_after``."""
+    root = (striker, "Lost", "frozen: its process has been stopped (state T)")
     return Row("F4", "sigstop", place, launcher, nproc, striker, ("PeerLost",), root, **kw)
 
 
@@ -203,7 +203,7 @@ ROWS: list[Row] = [
     death("exit", "first", "spawn", 2, 0, bound=B, detect=PUSH, full=True),
     death("segfault", "outside", "parallel", 4, 2, bound=B, detect=WHEREABOUTS, full=True),
     death("segfault", "waiting", "spawn", 2, 1, bound=B, detect=PUSH, full=True),
-    # F4: freeze (SIGSTOP), found by heartbeats
+    # F4: freeze (SIGSTOP), found from /proc by a judge on the same host
     freeze("outside", "spawn", 4, 2, bound=B, detect=HEARTBEAT),
     freeze("first", "spawn", 4, 0, bound=B, detect=HEARTBEAT, full=True),
     freeze("collective", "spawn", 4, 1, bound=B, detect=HEARTBEAT, full=True),

@@ -92,9 +92,13 @@ class _NoLen(torch.utils.data.Sampler[int]):
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [
-        (([0, 1],), TypeError, r"^DistributedProxySampler: sampler must be a torch Sampler, got list$"),
-        ((DistributedSampler(range(4), num_replicas=2, rank=0),), TypeError, r"already a DistributedSampler"),
-        ((_NoLen(),), TypeError, r"^DistributedProxySampler: sampler _NoLen must have a length$"),
+        (([0, 1],), TypeError, r"^Argument sampler should be instance of torch Sampler, but given: <class 'list'>"),
+        (
+            (DistributedSampler(range(4), num_replicas=2, rank=0),),
+            TypeError,
+            r"^Argument sampler must not be a distributed sampler already",
+        ),
+        ((_NoLen(),), TypeError, r"^Argument sampler should have length; _NoLen has no __len__"),
         ((SequentialSampler(range(4)), 2, 2), ValueError, r"rank"),
         ((SequentialSampler(range(4)), 0, 0), ValueError, r"^DistributedProxySampler: num_replicas must be >= 1"),
         ((SequentialSampler(range(4)), 2, "0"), TypeError, r"^DistributedProxySampler: rank must be an int"),
@@ -124,7 +128,9 @@ def test_auto_model_wraps_in_ddp_with_rank_0_weights(job: dict[int, dict[str, An
         assert d["model"] == "DistributedDataParallel"
         assert d["same_init"] and d["same_after_step"]
         assert d["optim_same"]
-        assert d["sync_bn_cpu"].startswith("auto_model: sync_bn=True needs CUDA, and this job runs on cpu")
+        assert d["sync_bn_cpu"].startswith(
+            "SyncBatchNorm layers only work with GPU modules; auto_model: sync_bn=True needs CUDA, and this job runs on"
+        )
 
 
 @pytest.mark.timeout(300)

@@ -29,7 +29,6 @@ def test_from_torchrun_reads_every_variable() -> None:
     assert (env.master_addr, env.master_port) == ("10.0.0.5", 29400)
     assert env.use_agent_store is True
     assert env.error_file == "/tmp/err.json"
-    assert env.under_torchrun is True
     assert env.job_id == "abc123-29400-r2"
 
 
@@ -43,7 +42,7 @@ def test_from_torchrun_defaults_for_a_plain_env_launcher() -> None:
     assert env is not None
     assert env.topology == Topology(rank=1, world_size=3, local_rank=1, nproc_per_node=3, nnodes=1, node_rank=0)
     assert (env.master_addr, env.master_port) == ("127.0.0.1", 29500)
-    assert env.use_agent_store is False and env.error_file is None and env.under_torchrun is False
+    assert env.use_agent_store is False and env.error_file is None
     assert env.job_id == "env-29500-r0"
 
 
@@ -102,7 +101,7 @@ def test_parse_init_method_rejects_a_malformed_tcp_address(init_method: str) -> 
         parse_init_method(init_method)
 
 
-@pytest.mark.parametrize("init_method", ["file:///tmp/rendezvous", "env:", "127.0.0.1:29500", ""])
+@pytest.mark.parametrize("init_method", ["env:", "127.0.0.1:29500", ""])
 def test_parse_init_method_rejects_schemes_without_a_tcp_store(init_method: str) -> None:
     with pytest.raises(ValueError, match=r"is not supported: tether's failure channel needs a TCP store"):
         parse_init_method(init_method)

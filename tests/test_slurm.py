@@ -193,7 +193,7 @@ def test_initialize_reads_slurm_into_its_topology() -> None:
         2,
         1,
     )
-    assert (launch.master_addr, launch.master_port, launch.under_torchrun) == ("gpu07", 18456, False)
+    assert (launch.master_addr, launch.master_port) == ("gpu07", 18456)
     assert topo.node_ranks == [4, 5, 6, 7]
 
 

@@ -130,14 +130,14 @@ def test_whole_node_lost_is_detected_by_heartbeats(capsys: pytest.CaptureFixture
     caught = {e["rank"]: e for e in of(evs, "caught")}
     assert sorted(caught) == [0, 1], result.output[-4000:]
     for e in caught.values():
-        assert e["exc"] == "PeerLost" and e["failed"] in (2, 3) and e["orig"] == "Lost", e
+        assert e["exc"] == "PeerLost" and e["failed"] in (2, 3) and e["orig"] == "NodeLost", e
     detected = max(e["t"] for e in caught.values()) - kill["t"]
     report(capsys, f"spawn: node 1's launcher SIGKILLed -> node 0 raised PeerLost after {detected:.2f} s (target 10)")
     assert detected < LOST_BOUND_S
     codes = {e["node"]: e["code"] for e in of(evs, "node_exit")}
     assert codes[1] == -9 and codes[0] != 0
     assert max(e["t"] for e in of(evs, "node_exit")) - kill["t"] < END_BOUND_S
-    assert "Root cause: rank 2 failed: Lost: no heartbeat" in result.stderr
+    assert "Root cause: rank 2 failed: NodeLost: node 1 (ranks 2-3) lost: no heartbeat for" in result.stderr
     assert_nothing_left(result, evs)  # node 1's ranks died with their launcher (PDEATHSIG)
 
 

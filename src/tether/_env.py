@@ -1,12 +1,13 @@
 """Pure functions from a launcher's environment (torchrun, SLURM) to a config.
 
-Nothing here reads or writes ``os.environ`` by itself: callers pass the mapping in, so
+Nothing here reads or writes ``os.environ`` by itself (``interactive`` reads ``sys``): callers pass the mapping in, so
 the functions are testable and a config never leaks into another job's environment.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 
 
@@ -46,7 +47,6 @@ class LaunchEnv:
     job_id: str  # unique per run *and* restart, so a restarted job never reads stale records
     use_agent_store: bool  # the launcher (torchrun's agent) hosts the store, not rank 0
     error_file: str | None  # torchelastic's per-worker error file
-    under_torchrun: bool
 
 
 def env_int(env: Mapping[str, str], name: str) -> int:
@@ -70,7 +70,6 @@ def from_torchrun(env: Mapping[str, str]) -> LaunchEnv | None:
     node_rank = env_int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // nproc
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    under_torchrun = "TORCHELASTIC_RUN_ID" in env
     master_port = env_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
     return LaunchEnv(
         topology=Topology(rank, world, local_rank, nproc, world // nproc, node_rank),
@@ -79,13 +78,12 @@ def from_torchrun(env: Mapping[str, str]) -> LaunchEnv | None:
         job_id=f"{run_id or 'env'}-{master_port}-r{restart}",
         use_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         error_file=env.get("TORCHELASTIC_ERROR_FILE") or None,
-        under_torchrun=under_torchrun,
     )
 
 
 def parse_init_method(init_method: str | None) -> tuple[str, int] | None:
-    """``tcp://host:port`` -> (host, port); ``env://`` or None -> None."""
-    if init_method is None or init_method == "env://":
+    """``tcp://host:port`` -> (host, port); ``env://``, ``file://...`` or None -> None."""
+    if init_method is None or init_method == "env://" or file_path(init_method) is not None:
         return None
     if init_method.startswith("tcp://"):
         host, _, port = init_method[len("tcp://") :].rpartition(":")
@@ -94,5 +92,20 @@ def parse_init_method(init_method: str | None) -> tuple[str, int] | None:
         return host.strip("[]"), int(port)
     raise ValueError(
         f"init_method {init_method!r} is not supported: tether's failure channel needs a TCP store; "
-        "use 'env://' (MASTER_ADDR/MASTER_PORT) or 'tcp://HOST:PORT'"
+        "use 'env://' (MASTER_ADDR/MASTER_PORT), 'tcp://HOST:PORT' or 'file:///path'"
     )
+
+
+def file_path(init_method: str | None) -> str | None:
+    """``file:///path`` -> ``/path``; anything else -> None."""
+    if not isinstance(init_method, str) or not init_method.startswith("file://"):
+        return None
+    path = init_method[len("file://") :]
+    if not path:
+        raise ValueError(f"init_method must look like file:///path/to/file, got {init_method!r}")
+    return path
+
+
+def interactive() -> bool:
+    """An interpreter a person types into: ``python -i``, the REPL, a Jupyter kernel."""
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "ipykernel" in sys.modules

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from . import _checks
 from ._core import context
 from ._core.runtime import current, finalize, initialize, report_failure
 from .backends import check_backend
@@ -61,19 +62,19 @@ class Parallel:
             "init_method": init_method,
         }
         if backend is None:
-            extra = [k for k, v in given.items() if v is not None]
-            if extra:
-                raise ValueError(f"Parallel: with backend=None (serial), {extra} must not be given")
+            _checks.check_serial_parallel(**{k: v for k, v in given.items() if k != "init_method"})
         else:
-            check_backend(backend)
+            check_backend(backend, "Parallel")
         launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
         if launched and nproc_per_node is not None:
             raise ValueError(
                 "Parallel: nproc_per_node is given, but this process already runs under a launcher "
                 "(RANK and WORLD_SIZE are set); drop nproc_per_node under torchrun"
             )
-        if nproc_per_node is not None and (not isinstance(nproc_per_node, int) or nproc_per_node < 1):
-            raise ValueError(f"Parallel: nproc_per_node must be an int >= 1, got {nproc_per_node!r}")
+        if nproc_per_node is not None:
+            _checks.check_nproc_per_node(nproc_per_node)
+            nodes = _checks.check_nnodes(nnodes)
+            _checks.check_node_rank(node_rank if node_rank is not None or nodes > 1 else 0, nodes)
         self.backend = backend
         self._spawn_args = {k: v for k, v in given.items() if v is not None and k != "nproc_per_node"}
         self._spawn_args.update(spawn_kwargs)
@@ -84,8 +85,8 @@ class Parallel:
             self._init_kwargs["init_method"] = init_method
         self._initialized = False
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Call ``fn(local_rank, *args, **kwargs)`` on every rank.
+    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Call ``func(local_rank, *args, **kwargs)`` on every rank.
 
         Raises:
             JobFailed: as a spawner, a worker failed (report printed once).
@@ -93,10 +94,10 @@ class Parallel:
         """
         if self._spawns:
             assert self.backend is not None and self._nproc is not None
-            spawn(self.backend, fn, args, kwargs_dict=kwargs, nproc_per_node=self._nproc, **self._spawn_args)
+            spawn(self.backend, func, args, kwargs_dict=kwargs, nproc_per_node=self._nproc, **self._spawn_args)
             return
         try:
-            fn(current().backend.topology.local_rank, *args, **kwargs)
+            func(current().backend.topology.local_rank, *args, **kwargs)
         except BaseException as exc:
             report_failure(exc)
             raise

@@ -1,12 +1,20 @@
 """``tether.spawn``: start the ranks of one node as child processes and supervise them.
 
 The launcher (the parent) hosts the job's store on node 0, so a rank's death never
-takes the failure channel down. It watches every child's exit through its process
-sentinel: a child that dies without having posted a record (SIGKILL, segfault,
-``os._exit``) is posted on its behalf within milliseconds, from its exit status. Once
-anything failed, children still alive ``grace + 2`` seconds later are killed. Children
-die with their parent (``PR_SET_PDEATHSIG``), so even a SIGKILL of the launcher leaves
-no orphan. The root-cause report is printed once, by node 0's launcher.
+takes the failure channel down. It is the judge of its children's liveness, from outside
+their GIL (``liveness.py``): it watches every child's exit through its process sentinel,
+and a child that dies without having posted a record (SIGKILL, segfault, ``os._exit``) is
+posted on its behalf within milliseconds, from its exit status; a child stopped
+(SIGSTOP) for ``lost_after`` is posted as lost and killed. With more than one node it
+beats its node's heartbeat. Once anything failed, children still alive ``grace + 2``
+seconds later are killed. Children die with their parent (``PR_SET_PDEATHSIG``), so even
+a SIGKILL of the launcher leaves no orphan. The root-cause report is printed once, by
+node 0's launcher.
+
+A function defined where a child cannot import it (``python -`` from stdin, ``python -c``,
+a notebook) is run with the "fork" start method, as ignite does in Jupyter; with an
+explicit ``start_method="spawn"`` it is refused with one line that says what to do, as is
+a function that cannot be pickled, before any process starts.
 """
 
 from __future__ import annotations
@@ -18,26 +26,31 @@ import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch._C._distributed_c10d import TCPStore
+from torch._C._distributed_c10d import FileStore, TCPStore
 
-from ._core.channel import Channel
-from ._core.hooks import exit_code_for
-from ._core.record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord, describe_exit
-from ._core.runtime import Options, finalize, report_failure, start, to_timedelta
-from ._env import Topology, parse_init_method
+from . import _checks
+from ._core.channel import Channel, generation
+from ._core.hooks import exit_code_for, is_success
+from ._core.liveness import NodeWatch, PeerJudge
+from ._core.record import KIND_EXIT, KIND_SIGNAL, FailureRecord, describe_exit
+from ._core.runtime import Launch, Options, finalize, report_failure, start, to_timedelta
+from ._env import Topology, file_path, parse_init_method
 from .backends import check_backend
 from .errors import ExitCode, JobFailed
 from .report import RankOutcome, render_report
 
 JOB_ID = "spawn"  # the launcher's store is new for every job: no stale keys to avoid
+_WORKER_LAUNCH = Launch(owned=True, judge_peers=False, node_beats=False)  # the launcher judges and beats
+_PERIOD = 0.2  # seconds between the launcher's looks at its children's /proc state
 _CONSEQUENCES = {int(c) for c in (ExitCode.PEER_FAILED, ExitCode.TIMEOUT, ExitCode.MISMATCH, ExitCode.WATCHDOG)}
 
 
@@ -50,12 +63,6 @@ class _WorkerSpec:
     timeout: datetime.timedelta | None
     options: Options
     parent_pid: int
-
-
-def _check_count(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 def spawn(
@@ -83,29 +90,31 @@ def spawn(
         TypeError, ValueError: bad arguments, before any process starts.
         JobFailed: a worker failed; its root-cause report was printed once to stderr.
     """
-    check_backend(backend)
-    nproc = _check_count(nproc_per_node, "nproc_per_node")
-    nnodes = _check_count(kwargs.pop("nnodes", 1), "nnodes")
-    node_rank = kwargs.pop("node_rank", 0)
-    if not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
-        raise ValueError(f"node_rank must be an int in [0, {nnodes}), got {node_rank!r}")
-    addr, port = kwargs.pop("master_addr", None) or "127.0.0.1", kwargs.pop("master_port", None)
-    address = parse_init_method(kwargs.pop("init_method", None))
+    check_backend(backend, "spawn")
+    nproc = _checks.check_nproc_per_node(nproc_per_node)
+    nnodes = _checks.check_nnodes(kwargs.pop("nnodes", 1))
+    node_rank = _checks.check_node_rank(kwargs.pop("node_rank", None if nnodes > 1 else 0), nnodes)
+    addr = kwargs.pop("master_addr", None) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = kwargs.pop("master_port", None)
+    if port is None and "MASTER_PORT" in os.environ:
+        port = int(os.environ["MASTER_PORT"])
+    init_method = kwargs.pop("init_method", None)
+    address, shared_file = parse_init_method(init_method), file_path(init_method)
     if address is not None:
         addr, port = address
-    if nnodes > 1 and port is None:
-        raise ValueError("spawn with nnodes > 1 needs master_port (or init_method='tcp://HOST:PORT')")
+    if nnodes > 1 and port is None and shared_file is None:
+        raise ValueError(
+            "If number of nodes larger than one, arguments master_addr and master_port should be specified "
+            "(or init_method='tcp://HOST:PORT' or 'file:///shared/path')"
+        )
     timeout = to_timedelta(kwargs.pop("timeout", None))
-    start_method = kwargs.pop("start_method", "spawn")
-    if start_method not in multiprocessing.get_all_start_methods():
-        raise ValueError(f"start_method must be one of {multiprocessing.get_all_start_methods()}, got {start_method!r}")
+    start_method = _start_method(fn, kwargs.pop("start_method", None))
     options = Options.from_kwargs(kwargs, store_host=-1)
     world = nnodes * nproc
-    store = TCPStore(
-        addr, port or 0, world, node_rank == 0, timeout=datetime.timedelta(minutes=5), wait_for_workers=False
-    )
-    channel = Channel(store, JOB_ID, -1, world)
-    mp = multiprocessing.get_context(start_method)
+    store, addr = _job_store(addr, port, world, node_rank, shared_file)
+    gen = generation(store, JOB_ID, -1 - node_rank)  # each node's launcher counts its own incarnations
+    channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
+    mp: Any = multiprocessing.get_context(start_method)
     procs: dict[int, multiprocessing.process.BaseProcess] = {}
     for local in range(nproc):
         topo = Topology(node_rank * nproc + local, world, local, nproc, nnodes, node_rank)
@@ -113,7 +122,58 @@ def spawn(
         procs[local] = mp.Process(
             target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}"
         )
-    _Supervisor(channel, procs, node_rank * nproc, options, node_rank == 0).run()
+    _Supervisor(channel, procs, node_rank * nproc, options, node_rank == 0, nnodes).run()
+
+
+def _start_method(fn: Callable[..., Any], asked: str | None) -> str:
+    """The start method for ``fn``: "spawn", or "fork" for a function a child cannot import.
+
+    Raises:
+        ValueError: a bad ``start_method``, or "spawn" asked for a function defined on
+            stdin, in ``python -c`` or in a notebook.
+        TypeError: ``fn`` cannot be pickled (a lambda, a closure) and would need "spawn".
+    """
+    methods = multiprocessing.get_all_start_methods()
+    if asked is not None and asked not in methods:
+        raise ValueError(f"start_method must be one of {methods}, got {asked!r}")
+    main = sys.modules.get("__main__")
+    unimportable = getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None)
+    if asked is None:
+        asked = "fork" if unimportable and "fork" in methods else "spawn"
+    if asked == "fork":
+        return asked
+    if unimportable:
+        raise ValueError(
+            f"spawn: {getattr(fn, '__qualname__', fn)!r} is defined in __main__ without a file (stdin, python -c, "
+            f"a notebook), which start_method={asked!r} cannot import in a child: define it in a module, or use "
+            "start_method='fork'"
+        )
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        raise TypeError(
+            f"spawn: the function {getattr(fn, '__qualname__', fn)!r} cannot be pickled for start_method={asked!r} "
+            f"({type(exc).__name__}: {exc}); define it at module level, or use start_method='fork'"
+        ) from None
+    return asked
+
+
+def _job_store(
+    addr: str, port: int | None, world: int, node_rank: int, shared_file: str | None
+) -> tuple[TCPStore, str]:
+    """The job's store: node 0's launcher hosts it; with ``file://`` its address travels in the file."""
+    five = datetime.timedelta(minutes=5)
+    if shared_file is None:
+        return TCPStore(addr, port or 0, world, node_rank == 0, timeout=five, wait_for_workers=False), addr
+    shared = FileStore(shared_file, -1)
+    shared.set_timeout(five)
+    key = "tether/spawn/address"
+    if node_rank == 0:
+        store = TCPStore(addr, 0, world, True, timeout=five, wait_for_workers=False)
+        shared.set(key, f"{addr}:{store.port}")
+        return store, addr
+    host, _, got = shared.get(key).decode().rpartition(":")
+    return TCPStore(host, int(got), world, False, timeout=five), host
 
 
 class _Supervisor:
@@ -124,6 +184,7 @@ class _Supervisor:
         first_rank: int,
         options: Options,
         prints_report: bool,
+        nnodes: int = 1,
     ) -> None:
         self.channel = channel
         self.procs = procs
@@ -132,6 +193,13 @@ class _Supervisor:
         self.prints_report = prints_report
         self.deadline: float | None = None
         self.codes: dict[int, int | None] = {}
+        config = options.watchdog
+        self.judge = PeerJudge(channel, config.lost_after, time.monotonic)
+        nproc = len(procs)
+        self.nodes = NodeWatch(channel, first_rank // nproc, nnodes, nproc, config.lost_after, time.monotonic)
+        self.heartbeat = config.heartbeat
+        self.client = channel.client()
+        self.store_gone = False
 
     def run(self) -> None:
         saved = self._forward_signals()
@@ -163,9 +231,14 @@ class _Supervisor:
 
     def _supervise(self) -> None:
         alive: dict[Any, int] = {p.sentinel: local for local, p in self.procs.items()}
+        self.judge.pids.update({self.first_rank + local: p.pid for local, p in self.procs.items() if p.pid})
+        next_beat = time.monotonic()
         while alive:
-            wait = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-            for sentinel in multiprocessing.connection.wait(list(alive), wait):
+            wait = _PERIOD if self.deadline is None else max(0.0, min(_PERIOD, self.deadline - time.monotonic()))
+            ready = multiprocessing.connection.wait(list(alive), wait)
+            if not ready:
+                next_beat = self._judge(next_beat)
+            for sentinel in ready:
                 local = alive.pop(sentinel)
                 proc = self.procs[local]
                 proc.join()
@@ -173,25 +246,36 @@ class _Supervisor:
                 if proc.exitcode:
                     self._arm()
                     self._post_death(self.first_rank + local, proc.exitcode)
-                    self._kill_lost(alive.values())
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 for local in alive.values():
                     self.procs[local].kill()
 
-    def _kill_lost(self, alive: Iterable[int]) -> None:
-        """Kill at once a child that the channel declared lost (frozen): it cannot recover."""
-        with contextlib.suppress(Exception):
-            lost = {r.rank for r in self.channel.records() if r.kind == KIND_LOST}
-            for local in alive:
-                if self.first_rank + local in lost:
-                    self.procs[local].kill()
+    def _judge(self, next_beat: float) -> float:
+        """Children stopped for ``lost_after`` are posted lost (and killed); nodes beat and are judged."""
+        if self.store_gone:
+            return next_beat
+        try:
+            found = self.judge.check(self.client)
+            now = time.monotonic()
+            if now >= next_beat:
+                found += self.nodes.check(self.client)
+                next_beat = now + self.heartbeat
+            for record in found:
+                self.channel.post(record)
+                self._arm()
+        except Exception as exc:  # another node's launcher may host the store, and be gone: say it once
+            print(f"tether: the launcher lost the job's store: {str(exc).splitlines()[0]}", file=sys.stderr)
+            self.store_gone = True
+        return next_beat
 
     def _post_death(self, rank: int, code: int) -> None:
         """Post a record for a child that died without one (killed, or exited non-zero)."""
+        if self.store_gone:
+            return
         try:
             records = self.channel.records()
             consequence = code in _CONSEQUENCES and records  # it stopped because of a posted failure
-            if consequence or any(r.rank == rank for r in records):
+            if consequence or any(r.rank == rank for r in records) or not self.channel.claim_loss(rank):
                 return
             how = describe_exit(code)
             self.channel.post(
@@ -206,12 +290,14 @@ class _Supervisor:
                 )
             )
         except Exception as exc:  # the store's host (another node) may be gone already
-            print(f"tether: could not post the death of rank {rank}: {exc}", file=sys.stderr)
+            print(f"tether: could not post the death of rank {rank}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            self.store_gone = True
 
     def _fail(self) -> None:
         records: list[FailureRecord] = []
-        with contextlib.suppress(Exception):  # another node's launcher may host the store, and be gone
-            records = self.channel.records()
+        if not self.store_gone:
+            with contextlib.suppress(Exception):  # another node's launcher may host the store, and be gone
+                records = self.channel.records()
         outcomes = {
             self.first_rank + local: RankOutcome(
                 self.first_rank + local, code, _line(code, records, self.first_rank + local)
@@ -250,9 +336,19 @@ def _die_with_parent(parent_pid: int) -> None:
 def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A child: join the job, run ``fn``, and on failure post it and exit at once."""
     _die_with_parent(spec.parent_pid)
+    topo = spec.topology
+    # what a launcher tells its children (torchrun, ignite's spawn): code that reads them works
+    os.environ.update(
+        RANK=str(topo.rank),
+        LOCAL_RANK=str(topo.local_rank),
+        WORLD_SIZE=str(topo.world_size),
+        LOCAL_WORLD_SIZE=str(topo.nproc_per_node),
+        GROUP_RANK=str(topo.node_rank),
+        MASTER_ADDR=spec.master_addr,
+        MASTER_PORT=str(spec.master_port),
+    )
     code = 0
     try:
-        topo = spec.topology
         store = TCPStore(
             spec.master_addr,
             spec.master_port,
@@ -260,11 +356,21 @@ def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw
             False,
             timeout=spec.timeout or datetime.timedelta(minutes=5),
         )
-        start(spec.backend, topo, store, job_id=JOB_ID, hosts_store=False, options=spec.options, timeout=spec.timeout)
+        start(
+            spec.backend,
+            topo,
+            store,
+            job_id=JOB_ID,
+            hosts_store=False,
+            options=spec.options,
+            launch=_WORKER_LAUNCH,
+            timeout=spec.timeout,
+        )
         fn(topo.local_rank, *args, **kwargs)
     except BaseException as exc:
-        code = exit_code_for(exc)
-        report_failure(exc)
+        if not is_success(exc):  # sys.exit(0) is a normal end
+            code = exit_code_for(exc)
+            report_failure(exc)
     finally:
         try:
             finalize()

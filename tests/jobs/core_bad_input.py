@@ -52,7 +52,6 @@ CASES: list[tuple[str, Callable[[], Any]]] = [
     ("broadcast(src=4)", lambda: idist.broadcast(1, src=4)),
     ("broadcast(src='0')", lambda: idist.broadcast(1, src="0")),  # type: ignore[arg-type]
     ("new_group([0, 9])", lambda: idist.new_group([0, 9])),
-    ("new_group([])", lambda: idist.new_group([])),
 ]
 
 

@@ -1,66 +1,109 @@
 """The failure channel: a job-wide mailbox on the c10d store.
 
-Protocol (``P`` is the job prefix ``tether/<job id>/``; ``N`` the world size)::
+Protocol. ``P`` is the incarnation's prefix ``tether/<job id>/<gen>/``: the job id names the
+job (torchrun's run id and restart count, a launcher's own store), and ``gen`` counts the
+process groups this process has served on that store (see ``generation``), so nothing
+written by an earlier incarnation on a store that outlives its groups (torchrun's agent
+store) can release, fail or confuse a later one. ``N`` is the world size::
 
     key                     written by               read by                 meaning
     ----------------------  -----------------------  ----------------------  -------------------------------
+    tether/<job>/inc/<r>    rank r (add 1)           rank r                  its incarnation count: <gen>
     P/fail/n                every poster (add 1)     posters                 order of failures: the counter
     P/fail/<seq>            the poster of <seq>      listeners, launcher     one FailureRecord, JSON
     P/inbox/<rank>          posters, the rank itself that rank's listener    queue of wake-ups: "fail",
-                                                                             "ask:<qid>", "stop"
+                                                                             "ask:<qid>", "retire", "stop"
+    P/pids/<host>           every rank (append)      judges on that host     "rank:pid," of its ranks
+    P/done/<rank>           <rank> (set once)        judges, report          "left" | "failed"
+    P/lost/<rank>           judges (add 1)           judges                  first claim posts the loss
+    P/node/<node>           that node's beater       other nodes' judges     heartbeat counter
     P/q/n                   askers (add 1)           askers                  whereabouts query ids
-    P/where/<qid>/<rank>    <rank>'s listener        the asker               JSON {call, stack}
-    P/hb/<rank>             <rank>'s heartbeat       <rank - 1>'s heartbeat  counter; +LEFT once it finalized
+    P/where/<qid>/<rank>    <rank>'s listener        the asker (deletes it)  JSON {where}
     P/left/n                every rank at finalize   the store's host        ranks that finished cleanly
-    P/sync/<g>/<seq>/n      members of a store sync  the same                arrivals + signature checksum
-    P/sync/<g>/<seq>/go     the last arrival         every member            "ok" | "failed" | "abort"
+    P/sync/<g>/<seq>/...    members of a sync        the same                see ``waits.py``
 
 Rules:
 
 * **The root cause is seq 1.** A poster takes its seq from ``add(P/fail/n, 1)`` then writes
   ``P/fail/<seq>``; the store's counter orders failures exactly, unlike wall-clock stamps.
-  Every later record is a consequence, kept for the report.
+  A reader that finds slot 1 still empty (its poster is between the two operations) waits
+  for it up to ``ROOT_WAIT`` seconds, so two failures in the same millisecond still name
+  one root cause everywhere; only a poster that died between its two operations leaves the
+  slot empty, and then the first readable record is the root cause.
 * **Push, not poll.** After writing its record a poster pushes ``"fail"`` into every other
-  rank's inbox. Each rank's listener thread blocks in ``queue_pop`` on its own connection
-  and wakes within a store round trip (~0.2 ms on loopback).
+  rank's inbox. Each rank's listener blocks in ``queue_pop`` on its own connection and
+  wakes within a store round trip. A store without queues (a ``FileStore``) carries no
+  channel: the runtime opens a TCPStore beside it (see ``runtime``), and a store that
+  offers neither gets one warning and a polled channel (``has_queues``).
 * **A death without a record** is posted by whoever notices it, as a record *about* the
-  dead rank with ``reporter`` set to the noticer: the ``tether.spawn`` parent (from the
-  child's exit status, within milliseconds) or the dead rank's heartbeat neighbour (after
-  ``lost_after`` seconds without a beat). The store's host vanishing is noticed by every
-  connection at once (``DistNetworkError``) and needs no record: each rank raises
-  ``PeerLost`` for "the store host".
+  dead rank with ``reporter`` set to the noticer (``record.lost_record``): the
+  ``tether.spawn`` parent from the exit status, or a judge on the same host from the OS
+  (see ``liveness.py``); ``P/done/<rank>`` tells a death that follows its own post (or a
+  clean exit) from one that left nothing. The store's host vanishing is noticed by every
+  connection at once (``DistNetworkError``).
+* **Retiring.** A rank whose process group is being destroyed pushes ``"retire"`` to every
+  inbox before its store can go, so that the connection loss that follows is not taken
+  for the store host's death.
 * **Records are JSON, never pickle**: the store is unauthenticated.
+* **Bounded keys.** Every key a sync, a query or a slow collective creates is deleted once
+  read (see ``waits.py``); what stays is O(N) per incarnation, whatever the job's length.
 
 Each ``Channel`` owns its client connections (``store.clone()``): a TCPStore client
-serialises calls across threads, so the listener must never queue behind the main
-thread's ``wait``.
+serialises calls across threads, so the listener never queues behind the main thread.
+No call here uses a store timeout: a timed-out c10d wait logs a warning, so waits that can
+run out poll ``check`` instead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
+import time
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from .record import FailureRecord
 
-LEFT = 1 << 40  # added to a heartbeat counter when its rank finalized cleanly
-
-_FOREVER = datetime.timedelta(days=365)
+FOREVER = datetime.timedelta(days=365)
+ROOT_WAIT = 2.0  # seconds a reader waits for record 1 when its counter is already taken
 
 
 def clone(store: Store) -> Store:
     """A new client connection to ``store`` (torch's stubs lack ``Store.clone``)."""
-    return cast(Store, store.clone())  # type: ignore[attr-defined]
+    client = cast(Store, store.clone())  # type: ignore[attr-defined]
+    client.set_timeout(FOREVER)
+    return client
 
 
-def job_prefix(job_id: str) -> str:
-    return f"tether/{job_id}/"
+def generation(store: Store, job_id: str, rank: int) -> int:
+    """This process's incarnation on ``store``: 1 for its first process group, 2 for the next...
+
+    Every rank serves the same sequence of groups on a store, so every rank gets the same
+    number without a collective. One store operation.
+    """
+    return int(store.add(f"tether/{job_id}/inc/{rank}", 1))
+
+
+def has_queues(store: Store) -> bool:
+    try:
+        store.queue_len("tether/probe")
+    except NotImplementedError:
+        return False
+    except Exception:
+        return True  # another error (a PrefixStore forwards the call): the base store decides later
+    return True
+
+
+def wait_keys(store: Store, keys: Sequence[str], within: float, step: float = 0.005) -> bool:
+    """Poll until every key exists, up to ``within`` seconds; no store timeout, no warning."""
+    deadline = time.monotonic() + within
+    while not store.check(list(keys)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step)
+    return True
 
 
 class Channel:
@@ -68,30 +111,31 @@ class Channel:
 
     Args:
         store: a connection to the job's store; it is cloned, never used directly.
-        job_id: names the job, so that a restarted job (or another job on the same store)
-            never reads stale records.
+        prefix: the incarnation's prefix, ``tether/<job id>/<gen>/`` (see ``prefix``).
         rank: this process's rank, or -1 for a launcher.
         world_size: number of ranks in the job.
 
-    Cost: posting a failure is ``3 + N`` store operations; nothing is spent on the happy
-    path except the heartbeats (see ``watchdog.py``).
+    Cost: posting a failure is ``2 + N`` store operations; nothing is spent on the happy
+    path (liveness is judged from the OS, see ``liveness.py``).
     """
 
-    def __init__(self, store: Store, job_id: str, rank: int, world_size: int) -> None:
-        self.prefix = job_prefix(job_id)
+    def __init__(self, store: Store, prefix: str, rank: int, world_size: int) -> None:
+        self.prefix = prefix
         self.rank = rank
         self.world_size = world_size
         self._store = clone(store)  # posting, queries, reading records
-        self._store.set_timeout(datetime.timedelta(seconds=30))
+        self.queues = has_queues(self._store)
+
+    @staticmethod
+    def make_prefix(job_id: str, gen: int) -> str:
+        return f"tether/{job_id}/{gen}/"
 
     def key(self, *parts: object) -> str:
         return self.prefix + "/".join(str(p) for p in parts)
 
-    def listener_client(self) -> Store:
-        """A fresh connection for a thread that blocks (the listener, the heartbeat)."""
-        client = clone(self._store)
-        client.set_timeout(_FOREVER)
-        return client
+    def client(self) -> Store:
+        """A fresh connection for a thread that blocks (the listener, the keeper)."""
+        return clone(self._store)
 
     # --- failures -----------------------------------------------------------------
 
@@ -104,19 +148,24 @@ class Channel:
         return record
 
     def notify(self, ranks: Iterable[int], message: str = "fail") -> None:
+        if not self.queues:
+            return  # a polled channel: listeners read the counter (see watchdog)
         for r in ranks:
             self._store.queue_push(self.key("inbox", r), message)
 
-    def failure_count(self) -> int:
-        return int(self._store.add(self.key("fail", "n"), 0))
+    def failure_count(self, client: Store | None = None) -> int:
+        return int((client or self._store).add(self.key("fail", "n"), 0))
 
     def records(self) -> list[FailureRecord]:
         """Every record posted so far, root cause first (a slot whose poster died is skipped)."""
         out = []
-        for seq in range(1, self.failure_count() + 1):
-            key = self.key("fail", seq)
-            if self._store.check([key]):
-                out.append(FailureRecord.from_json(self._store.get(key)))
+        count = self.failure_count()
+        if count:
+            wait_keys(self._store, [self.key("fail", 1)], ROOT_WAIT)
+        for seq in range(1, count + 1):
+            record = self.record(seq)
+            if record is not None:
+                out.append(record)
         return out
 
     def record(self, seq: int, client: Store | None = None) -> FailureRecord | None:
@@ -125,12 +174,18 @@ class Channel:
         return FailureRecord.from_json(store.get(key)) if store.check([key]) else None
 
     def root_cause(self, client: Store | None = None) -> FailureRecord | None:
-        """The first failure: record 1, or the first readable one if its poster died mid-post."""
-        root = self.record(1, client)
-        if root is not None:
-            return root
+        """The first failure: record 1 (waited for, see the rules), or the first readable one."""
+        store = client or self._store
+        if self.failure_count(store) == 0:
+            return None
+        if wait_keys(store, [self.key("fail", 1)], ROOT_WAIT):
+            return self.record(1, store)
         records = self.records()
         return records[0] if records else None
+
+    def claim_loss(self, rank: int, client: Store | None = None) -> bool:
+        """True for the first judge to claim ``rank``'s loss: only it posts the record."""
+        return int((client or self._store).add(self.key("lost", rank), 1)) == 1
 
     # --- whereabouts queries ------------------------------------------------------
 
@@ -138,29 +193,57 @@ class Channel:
         """Ask ``ranks`` what they are doing; returns rank -> answer for those that answered.
 
         A rank that does not answer within ``answer_within`` seconds is frozen, dead or
-        busy in a call that holds the GIL; the caller reports it as such.
+        busy in a call that holds the GIL; the caller reports it as such. The answers are
+        deleted once read. Costs ``2 + 3 * len(ranks)`` store operations and polls.
         """
         qid = int(self._store.add(self.key("q", "n"), 1))
         others = [r for r in ranks if r != self.rank]
         self.notify(others, f"ask:{qid}")
-        keys = [self.key("where", qid, r) for r in others]
-        with contextlib.suppress(dist.DistError):  # some did not answer: report what arrived
-            self._store.wait(keys, datetime.timedelta(seconds=answer_within))
+        keys = {r: self.key("where", qid, r) for r in others}
+        deadline = time.monotonic() + answer_within
         answers: dict[int, str] = {}
-        for r, k in zip(others, keys, strict=True):
-            if self._store.check([k]):
-                answers[r] = json.loads(self._store.get(k))["where"]
+        while keys and self.queues:
+            for r, k in list(keys.items()):
+                if self._store.check([k]):
+                    answers[r] = json.loads(self._store.get(k))["where"]
+                    self._store.delete_key(k)
+                    del keys[r]
+            if not keys or time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
         return answers
 
     def answer(self, client: Store, qid: int, where: str) -> None:
         client.set(self.key("where", qid, self.rank), json.dumps({"version": 1, "where": where}))
 
-    # --- leaving --------------------------------------------------------------------
+    # --- this rank's registration and exit --------------------------------------------
+
+    def register(self, host: str, pid: int) -> None:
+        """Tell the judges on ``host`` which process is this rank (two store operations).
+
+        Also creates the query counter, so that the store's key count is the same before
+        and after the first whereabouts query.
+        """
+        self._store.append(self.key("pids", host), f"{self.rank}:{pid},")  # type: ignore[attr-defined]
+        self._store.add(self.key("q", "n"), 0)
+
+    def host_pids(self, host: str, client: Store | None = None) -> dict[int, int]:
+        """rank -> pid of the ranks registered on ``host`` so far."""
+        store, key = client or self._store, self.key("pids", host)
+        if not store.check([key]):
+            return {}
+        pairs = (item.split(":") for item in store.get(key).decode().split(",") if item)
+        return {int(r): int(p) for r, p in pairs}
+
+    def mark_done(self, how: str, client: Store | None = None) -> None:
+        """Record how this rank ends ("left" cleanly, or "failed" after posting its own record)."""
+        (client or self._store).compare_set(self.key("done", self.rank), "", how)
+
+    def done(self, rank: int, client: Store | None = None) -> str | None:
+        store, key = client or self._store, self.key("done", rank)
+        return store.get(key).decode() if store.check([key]) else None
 
     def leave(self) -> int:
         """Record that this rank finished cleanly; returns how many have."""
-        self._store.add(self.key("hb", self.rank), LEFT)
+        self.mark_done("left")
         return int(self._store.add(self.key("left", "n"), 1))
-
-    def left_count(self) -> int:
-        return int(self._store.add(self.key("left", "n"), 0))

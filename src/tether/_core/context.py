@@ -1,10 +1,10 @@
 """The one process-wide context: backend, channel, watchdog and sync state.
 
-``launch`` sets it, ``finalize`` clears it, and every getter only reads it. Without a
-context the process is serial: every getter answers for one process and every
-collective returns its input. A process group created by the user with
-``torch.distributed.init_process_group`` is adopted once, on first use (ignite does the
-same through ``idist.sync()``).
+``runtime`` installs it and retires it; every getter only reads it. A context is bound to
+the default process group it serves (``pg``): when that group is destroyed or replaced,
+``runtime.current`` notices (an identity comparison, no communication) and retires the
+context before anything else uses it. Without a context the process is serial: every
+getter answers for one process and every collective returns its input.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ class Context:
     settings: SyncSettings = dataclasses.field(default_factory=SyncSettings)
     hosts_store: bool = False  # wait for every rank to leave before closing the store
     error_file: str | None = None  # torchelastic's error file for this worker
+    pg: Any = None  # the default ProcessGroup this context serves (None: serial)
+    owns_group: bool = False  # created by tether (initialize, spawn), not adopted
+    keep_alive: Any = None  # objects whose lifetime is the context's (a channel's own TCPStore)
     seqs: dict[str, int] = dataclasses.field(default_factory=dict)
+    last_gate: dict[str, int] = dataclasses.field(default_factory=dict)  # group -> seq of its last store gate
     groups: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict)  # list -> ProcessGroup
     hooks: Any = None  # hooks.Hooks, installed while this context is
     posted: list[tuple[BaseException, FailureRecord]] = dataclasses.field(default_factory=list)  # own failures
@@ -74,6 +78,7 @@ class Context:
         if self.channel is None:
             return None
         record = self.channel.post(record_from_exception(self.channel.rank, exc, where))
+        self.channel.mark_done("failed")  # its process may end now: that is no loss
         with self.lock:
             self.posted.append((exc, record))
         return record
@@ -130,3 +135,8 @@ def abandoned() -> object:
 def peek() -> Context | None:
     """The installed context, without adopting anything."""
     return _current
+
+
+def set_local_rank_hint(index: int) -> None:
+    global local_rank_hint
+    local_rank_hint = index

@@ -1,16 +1,26 @@
 """Failures outside tether calls: uncaught exceptions (any thread), SIGTERM and SIGINT.
 
 ``install`` chains onto whatever hooks and handlers are there and ``uninstall`` puts them
-back; a handler the user installed for SIGTERM/SIGINT is left alone. Each hook only
-posts the failure (``on_failure``) and then behaves as before: the previous excepthook
-runs, SIGINT still raises ``KeyboardInterrupt``, SIGTERM raises ``SystemExit(143)`` -- or,
-when ``on_failure`` returns an exception, that one: a SIGTERM that a launcher sends because
-another rank failed is raised as that rank's failure (see ``launch.report_failure``).
+back; a handler the user installed for SIGTERM/SIGINT is left alone.
+
+* **Uncaught exceptions** are posted (``on_failure``), then the previous hook prints them.
+  In a process that tether or a launcher owns (a ``tether.spawn`` worker, torchrun,
+  srun) the process then ends at once with the code of ``errors.ExitCode``: Python would
+  next wait for non-daemon threads (forever, if one is stuck on the dead job) and tear
+  torch down, where abandoned gloo work can abort the process. Anywhere else -- ``python
+  -i``, a notebook kernel, a plain script -- the interpreter goes on as it would have.
+* **Signals**: the handler only records the signal and raises (``KeyboardInterrupt`` for
+  SIGINT, ``SignalStop`` for SIGTERM): no store I/O, no lock, nothing the interrupted code
+  may hold. The interpreter's wakeup fd is pointed at the watchdog's keeper, which wakes
+  a main thread blocked in a store wait so that the handler runs within a round trip.
+  What the signal means (a launcher's stop because a peer died?) is worked out after the
+  exception has unwound, by ``runtime.report_failure``.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -34,63 +44,84 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, TetherError):
         return int(exc.exit_code)
     if isinstance(exc, SystemExit):
-        return exc.code if isinstance(exc.code, int) and exc.code else int(ExitCode.RAISED)
+        if exc.code is None:
+            return 0
+        return exc.code if isinstance(exc.code, int) else int(ExitCode.RAISED)
     if isinstance(exc, KeyboardInterrupt):
         return 128 + signal.SIGINT
     return int(ExitCode.RAISED)
 
 
+def is_success(exc: BaseException) -> bool:
+    """``sys.exit(0)`` / ``sys.exit()``: the function ended, successfully."""
+    return type(exc) is SystemExit and exc.code in (0, None)
+
+
 class Hooks:
-    def __init__(self, on_failure: Callable[[BaseException], BaseException | None]) -> None:
+    """The excepthooks and signal handlers of one context.
+
+    Args:
+        on_failure: posts an uncaught failure (never raises).
+        owned: end the process after an uncaught failure (see the module docstring).
+        signal_fd: the fd the interpreter writes when a signal arrives (the keeper's).
+    """
+
+    def __init__(self, on_failure: Callable[[BaseException], object], owned: bool, signal_fd: int | None) -> None:
         self._on_failure = on_failure
+        self._owned = owned
+        self._signal_fd = signal_fd
         self._saved: dict[str, Any] = {}
+        self.signalled: int | None = None
 
     def install(self) -> None:
         self._saved["excepthook"] = sys.excepthook
         self._saved["threading"] = threading.excepthook
         sys.excepthook = self._excepthook
         threading.excepthook = self._thread_excepthook
-        if threading.current_thread() is threading.main_thread():
-            for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
-                if signal.getsignal(sig) is default:
-                    self._saved[sig.name] = signal.signal(sig, self._on_signal)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+            if signal.getsignal(sig) is default:
+                self._saved[sig.name] = signal.signal(sig, self._on_signal)
+        if self._signal_fd is not None:
+            old = signal.set_wakeup_fd(self._signal_fd, warn_on_full_buffer=False)
+            if old != -1:  # somebody else (an event loop) owns it: leave it theirs
+                signal.set_wakeup_fd(old)
+            else:
+                self._saved["wakeup"] = True
 
     def uninstall(self, keep_exit: bool = False) -> None:
         """Put the previous hooks back; with ``keep_exit`` (after a failure) keep the excepthook.
 
-        That hook's post is a no-op once the context is gone, but it still ends the process
-        at once when the failure reaches the top level (see ``_excepthook``).
+        That hook's post is a no-op once the context is gone, but in a process tether owns
+        it still ends the process at once when the failure reaches the top level.
         """
+        keep_exit = keep_exit and self._owned
         if sys.excepthook == self._excepthook and not keep_exit:
             sys.excepthook = self._saved["excepthook"]
         if threading.excepthook == self._thread_excepthook:
             threading.excepthook = self._saved["threading"]
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            if sig.name in self._saved and threading.current_thread() is threading.main_thread():
-                signal.signal(sig, self._saved[sig.name])
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                if sig.name in self._saved and signal.getsignal(sig) == self._on_signal:
+                    signal.signal(sig, self._saved[sig.name])
+            if self._saved.get("wakeup"):
+                with contextlib.suppress(ValueError):
+                    signal.set_wakeup_fd(-1)
         kept = self._saved.get("excepthook") if keep_exit else None
         self._saved.clear()
         if kept is not None:
             self._saved["excepthook"] = kept
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        """Post, print as before, then end the process now with the code of ``ExitCode``.
-
-        Python would next wait for non-daemon threads (forever, if one is stuck on the dead
-        job) and tear torch down, where abandoned gloo work can abort the process (SIGABRT,
-        "gloo::IoException"). A rank that failed has nothing left to do: atexit handlers
-        run, and the process exits with a code that says why.
-        """
         self._post(exc)
-        self._previous_excepthook(kind, exc, tb)
+        self._saved.get("excepthook", sys.__excepthook__)(kind, exc, tb)
+        if not self._owned:
+            return
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code_for(exc))
-
-    def _previous_excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        hook = self._saved.get("excepthook", sys.__excepthook__)
-        hook(kind, exc, tb)
 
     def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
@@ -98,15 +129,14 @@ class Hooks:
         self._saved["threading"](args)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        exc: BaseException = KeyboardInterrupt() if signum == signal.SIGINT else SignalStop(128 + signum)
-        if not exc.args:
-            exc.args = (f"stopped by {name}",)
-        raise self._post(exc) or exc
+        self.signalled = signum
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SignalStop(128 + signum)
 
-    def _post(self, exc: BaseException) -> BaseException | None:
+    def _post(self, exc: BaseException) -> None:
         try:
-            return self._on_failure(exc)
+            self._on_failure(exc)
         except Exception as err:  # a hook must never raise
-            print(f"tether: could not post a failure: {err!r}", file=sys.stderr)
-            return None
+            with contextlib.suppress(Exception):
+                print(f"tether: could not post a failure: {type(err).__name__}: {err}", file=sys.stderr)

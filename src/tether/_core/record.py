@@ -81,24 +81,74 @@ def _user_frame(tb: Any) -> str:
     return found
 
 
+MAX_MESSAGE = 16 * 1024  # characters of a message that travel; the rest is cut, with a note
+MAX_TRACEBACK = 64 * 1024
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"... [{len(text) - limit} more characters not sent]"
+
+
+def _render(render: Any, what: str) -> str:
+    """``render()``, or a placeholder when it raises: a failure must never be lost to its own text."""
+    try:
+        return str(render())
+    except Exception as err:  # whatever a broken __str__ raises
+        return f"<{what} could not be rendered: {type(err).__name__}>"
+
+
 def record_from_exception(rank: int, exc: BaseException, where: str) -> FailureRecord:
-    """Describe ``exc``, raised on this process as ``rank``, as a record."""
-    if type(exc) is SystemExit:
-        kind, message = KIND_EXIT, f"exit code {exc.code}"
+    """Describe ``exc``, raised on this process as ``rank``, as a record.
+
+    Any exception can be described: one whose ``__str__`` or ``__repr__`` raises gets a
+    placeholder for that part, a message longer than ``MAX_MESSAGE`` is cut with a note.
+    """
+    if isinstance(exc, SystemExit) and type(exc).__name__ == "SystemExit":
+        kind, message = KIND_EXIT, f"exit code {_render(lambda: exc.code, 'exit code')}"
     else:
-        kind, message = KIND_EXCEPTION, str(exc)
+        kind, message = KIND_EXCEPTION, _render(lambda: exc, "message")
+    tb = _render(lambda: "".join(_tb.format_exception(type(exc), exc, exc.__traceback__)), "traceback")
     return FailureRecord(
         rank=rank,
         kind=kind,
         exc_type=type(exc).__name__,
-        message=message,
-        traceback="".join(_tb.format_exception(type(exc), exc, exc.__traceback__)),
+        message=_clip(message, MAX_MESSAGE),
+        traceback=_clip(tb, MAX_TRACEBACK),
         host=socket.gethostname(),
         pid=os.getpid(),
         time=time.time(),
         where=where,
-        frame=_user_frame(exc.__traceback__),
+        frame=_render(lambda: _user_frame(exc.__traceback__), "frame"),
         reporter=rank,
+    )
+
+
+def lost_record(
+    rank: int,
+    message: str,
+    reporter: int,
+    *,
+    kind: str = KIND_LOST,
+    exc_type: str = "Lost",
+    pid: int = 0,
+    host: str = "",
+) -> FailureRecord:
+    """The record of a rank that left none of its own: killed, frozen, gone with its host.
+
+    ``reporter`` is whoever noticed: a rank, or -1 for a launcher. This is the one place
+    such a record is built.
+    """
+    return FailureRecord(
+        rank=rank,
+        kind=kind,
+        exc_type=exc_type,
+        message=message,
+        pid=pid,
+        host=host,
+        time=time.time(),
+        reporter=reporter,
     )
 
 

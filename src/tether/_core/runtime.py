@@ -1,37 +1,58 @@
-"""Starting and ending a rank: ``initialize``, ``finalize`` and the failure report of a rank.
+"""The context's life: ``initialize``, adopting a user's group, retiring, ``finalize``.
 
-``start`` is the one path every launcher takes (``initialize`` under torchrun,
-``tether.spawn`` workers, ``Parallel``): it connects to the job's store, creates the
-process group on it, opens the failure channel, starts the watchdog and installs the
-hooks. ``finalize`` undoes it; after a failure it never blocks (see ``backends``).
+``start`` is the one path every launcher takes (``initialize`` under torchrun or with
+explicit ranks, ``tether.spawn`` workers, ``Parallel``): it creates the process group,
+opens the failure channel on the group's store, starts the watchdog and installs the
+hooks. A group the user made with ``dist.init_process_group`` is adopted at the first
+tether call (``current``).
+
+A context follows its group. ``current`` compares the group it serves with torch's
+default group (an identity check per call) and retires the context when the group was
+destroyed or replaced; ``dist.destroy_process_group`` itself is wrapped, while tether has
+a context, so that the context retires *before* the group's store goes: its threads stop,
+its hooks come off, its ladder is disarmed, and the store's host tells every rank that the
+coming connection loss is a retirement, not a death. Every key carries the incarnation's
+generation (``channel.generation``), so nothing of an earlier group on a store that
+outlives it can touch a later one.
+
+``finalize`` ends the rank's part: on the happy path it records that the rank left and
+destroys the group (the store's host first waits until every rank left); after a failure
+it never blocks (see ``backends``), and after a failure the rank handled it ends the rank
+cleanly, ladder disarmed. A process that exits without ``finalize`` retires its context
+at exit (``atexit``), so no thread of tether's is left inside a store call at teardown.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
+import functools
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
 
 from .. import _slurm
-from .._env import LaunchEnv, Topology, from_torchrun, parse_init_method
+from .._env import LaunchEnv, Topology, file_path, from_torchrun, interactive, parse_init_method
 from ..backends import Backend, NativeBackend, check_backend
-from ..errors import PeerLost, TetherError
+from ..errors import TetherError
 from . import context
-from .channel import LEFT, Channel, clone
+from .channel import Channel, clone, generation, has_queues, wait_keys
 from .context import Context, SyncSettings
-from .hooks import Hooks, SignalStop
-from .record import KIND_LOST, FailureRecord, error_from_record
-from .waits import _post_and_pick, _store_lost
+from .hooks import Hooks, SignalStop, is_success
+from .liveness import NodeWatch, PeerJudge
+from .record import FailureRecord, error_from_record
+from .waits import failure_behind_stop
 from .watchdog import Watchdog, WatchdogConfig
 
 log = logging.getLogger("tether")
@@ -65,12 +86,24 @@ class Options:
         )
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How this process came to be: who judges its liveness, whether tether may end it."""
+
+    owned: bool  # a tether.spawn worker, or under torchrun/srun: an uncaught failure ends it
+    judge_peers: bool  # judge the other ranks of this host (not under tether.spawn: its launcher does)
+    node_beats: bool = True  # beat this node's heartbeat (under tether.spawn the launcher does)
+
+
 def to_timedelta(timeout: object) -> datetime.timedelta | None:
     if timeout is None or isinstance(timeout, datetime.timedelta):
         return timeout
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
         return datetime.timedelta(seconds=timeout)
     raise ValueError(f"timeout must be a datetime.timedelta or a positive number of seconds, got {timeout!r}")
+
+
+# --- starting -------------------------------------------------------------------------
 
 
 def start(
@@ -81,37 +114,114 @@ def start(
     job_id: str,
     hosts_store: bool,
     options: Options,
+    launch: Launch,
     timeout: datetime.timedelta | None = None,
     error_file: str | None = None,
+    channel_store: Store | None = None,
+    keep_alive: Any = None,
 ) -> Context:
-    """Create the process group on ``store`` and everything that watches it."""
-    native = NativeBackend.create(backend, topology, PrefixStore(f"pg/{job_id}", store), timeout)
-    return _watch(native, store, job_id, hosts_store, options, error_file)
+    """Create the process group on ``store`` and everything that watches it.
+
+    ``channel_store`` carries the failure channel when ``store`` cannot (a FileStore).
+    """
+    chan_store = channel_store or store
+    gen = generation(chan_store, job_id, topology.rank)
+    prefix = Channel.make_prefix(job_id, gen)
+    native = NativeBackend.create(backend, topology, PrefixStore(f"pg/{job_id}/{gen}", store), timeout)
+    return _watch(native, chan_store, prefix, hosts_store, options, launch, error_file, True, keep_alive)
 
 
 def _watch(
-    backend: Backend, store: Store, job_id: str, hosts_store: bool, options: Options, error_file: str | None
+    backend: Backend,
+    store: Store,
+    prefix: str,
+    hosts_store: bool,
+    options: Options,
+    launch: Launch,
+    error_file: str | None,
+    owns_group: bool,
+    keep_alive: Any = None,
 ) -> Context:
     topo = backend.topology
-    channel = Channel(store, job_id, topo.rank, topo.world_size)
-    watchdog = Watchdog(channel, options.watchdog, abort=backend.abort)
-    # The main thread's syncs get their own connection: they change its timeout per wait,
-    # which must never leak into the process group's own use of the store.
-    ctx = Context(backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file)
-    ctx.hooks = Hooks(report_failure)
+    channel = Channel(store, prefix, topo.rank, topo.world_size)
+    if not channel.queues:
+        log.warning(
+            "tether: this job's store has no queues; failures are noticed by polling every 0.2 s "
+            "and whereabouts queries are off (see tether/_core/channel.py)"
+        )
+    host, pid = socket.gethostname(), os.getpid()
+    channel.register(host, pid)
+    config = options.watchdog
+    if interactive():
+        config = WatchdogConfig(config.heartbeat, config.lost_after, None, config.store_host)
+    judge = _RankJudge(channel, config.lost_after, time.monotonic, host=host, expected=topo.nproc_per_node - 1)
+    nodes = NodeWatch(
+        channel,
+        topo.node_rank,
+        topo.nnodes,
+        topo.nproc_per_node,
+        config.lost_after,
+        time.monotonic,
+        beats=launch.node_beats,
+    )
+    pg = dist.group.WORLD
+    watchdog = Watchdog(
+        channel,
+        config,
+        judge=judge if launch.judge_peers else None,
+        nodes=nodes if topo.nnodes > 1 and topo.local_rank == 0 and launch.node_beats else None,
+        abort=backend.abort,
+        group_gone=lambda: dist.group.WORLD is not pg,
+    )
+    # The main thread's syncs get their own connection: a wait there must never delay the
+    # process group's own use of the store, nor the watchdog's.
+    ctx = Context(
+        backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file, pg, owns_group, keep_alive
+    )
+    ctx.hooks = Hooks(report_failure, owned=launch.owned and not interactive(), signal_fd=watchdog.signal_fd)
     context.install(ctx)
     watchdog.start()
     ctx.hooks.install()
+    _wrap_destroy()
+    _register_atexit()
     return ctx
 
 
+@dataclass
+class _RankJudge(PeerJudge):
+    """A rank's judge of the other ranks of its host; learns their pids from the store."""
+
+    host: str = ""
+    expected: int = 0
+    _next_look: float = 0.0
+
+    def check(self, client: Store) -> list[FailureRecord]:
+        now = self.clock()
+        if len(self.pids) < self.expected and now >= self._next_look:
+            self._next_look = now + 1.0
+            mine = self.channel.rank
+            self.pids.update({r: p for r, p in self.channel.host_pids(self.host, client).items() if r != mine})
+        return super().check(client)
+
+
+def _own_launch(env: Mapping[str, str]) -> Launch:
+    managed = "TORCHELASTIC_RUN_ID" in env or _slurm.applies(env)
+    return Launch(owned=managed, judge_peers=True)
+
+
 def initialize(backend: str, **kwargs: Any) -> None:
-    """Initialize the distributed job in this process (under torchrun or with explicit ranks).
+    """Initialize the distributed job in this process.
+
+    Under torchrun or srun every setting comes from the environment. Elsewhere pass
+    ``rank=`` and ``world_size=`` with an ``init_method``; with none of them the process is
+    a job of one rank (as ignite does).
 
     Args:
         backend: "gloo", "nccl" or "mpi".
         timeout: torch's process-group timeout (``timedelta`` or seconds).
-        init_method: "env://" (default: MASTER_ADDR/MASTER_PORT) or "tcp://HOST:PORT".
+        init_method: "env://" (default: MASTER_ADDR/MASTER_PORT), "tcp://HOST:PORT" or
+            "file:///path" (a shared file; rank 0 then hosts the failure channel on a
+            TCPStore of its own and publishes its address through the file).
         rank, world_size: when not given by the environment (torchrun sets them).
         heartbeat, lost_after, grace: watchdog timings in seconds (see ``watchdog.py``).
         sync_timeout: default timeout of every sync; warn_after: stall report interval.
@@ -124,30 +234,80 @@ def initialize(backend: str, **kwargs: Any) -> None:
     timeout = to_timedelta(kwargs.pop("timeout", None))
     init_method = kwargs.pop("init_method", None)
     rank, world_size = kwargs.pop("rank", None), kwargs.pop("world_size", None)
-    env = _launch_env(dict(os.environ), init_method, rank, world_size)
-    store_host = -1 if env.use_agent_store else 0
+    env = dict(os.environ)
+    path = file_path(init_method)
+    launch_env = _launch_env(env, init_method, rank, world_size)
+    store_host = -1 if launch_env.use_agent_store else 0
     options = Options.from_kwargs(kwargs, store_host)
     if context.peek() is not None:
         raise RuntimeError("tether is already initialized in this process; call tether.finalize() first")
-    hosts = env.topology.rank == 0 and not env.use_agent_store
+    topo = launch_env.topology
+    store_timeout = timeout or datetime.timedelta(minutes=5)
+    launch = _own_launch(env)
+    if path is not None:
+        store: Store = FileStore(path, topo.world_size)
+        store.set_timeout(store_timeout)
+        job_id = "file"
+        chan, keep = _channel_beside(store, job_id, topo.rank, topo.world_size, store_timeout)
+        start(
+            backend,
+            topo,
+            store,
+            job_id=job_id,
+            hosts_store=topo.rank == 0,
+            options=options,
+            launch=launch,
+            timeout=timeout,
+            channel_store=chan,
+            keep_alive=keep,
+        )
+        return
+    hosts = topo.rank == 0 and not launch_env.use_agent_store
     store = TCPStore(
-        env.master_addr,
-        env.master_port,
-        env.topology.world_size,
+        launch_env.master_addr,
+        launch_env.master_port,
+        topo.world_size,
         hosts,
-        timeout=timeout or datetime.timedelta(minutes=5),
+        timeout=store_timeout,
         wait_for_workers=False,
     )
     start(
         backend,
-        env.topology,
+        topo,
         store,
-        job_id=env.job_id,
+        job_id=launch_env.job_id,
         hosts_store=hosts,
         options=options,
+        launch=launch,
         timeout=timeout,
-        error_file=env.error_file,
+        error_file=launch_env.error_file,
     )
+
+
+def _channel_beside(
+    store: Store, job_id: str, rank: int, world_size: int, timeout: datetime.timedelta
+) -> tuple[Store, TCPStore | None]:
+    """A TCPStore for the failure channel of a job whose own store has no queues (a FileStore).
+
+    Rank 0 hosts it on a free port and publishes ``host:port`` on ``store``; the others
+    read it there (a blocking ``get``, bounded by the store's timeout) and connect.
+    Returns the channel's store and the server object to keep alive (rank 0).
+    """
+    gen = int(store.add(f"tether/{job_id}/addr-inc/{rank}", 1))
+    key = f"tether/{job_id}/{gen}/channel-address"
+    if rank == 0:
+        server = TCPStore(_reachable_address(), 0, world_size, True, timeout=timeout, wait_for_workers=False)
+        store.set(key, f"{_reachable_address()}:{server.port}")
+        return server, server
+    host, _, port = store.get(key).decode().rpartition(":")
+    return TCPStore(host, int(port), world_size, False, timeout=timeout), None
+
+
+def _reachable_address() -> str:
+    """This host's address as other hosts can reach it (loopback when it cannot be resolved)."""
+    with contextlib.suppress(OSError):
+        return socket.gethostbyname(socket.gethostname())
+    return "127.0.0.1"
 
 
 def _launch_env(env: dict[str, str], init_method: str | None, rank: Any, world_size: Any) -> LaunchEnv:
@@ -158,48 +318,167 @@ def _launch_env(env: dict[str, str], init_method: str | None, rank: Any, world_s
         env = {**env, **_slurm.torchrun_vars(env)}
     if rank is not None or world_size is not None:
         if not isinstance(rank, int) or not isinstance(world_size, int):
-            raise ValueError("initialize: pass both rank and world_size as int, or neither")
+            raise ValueError(
+                "Both rank and world_size should be provided, as int (initialize: got "
+                f"rank={rank!r}, world_size={world_size!r})"
+            )
         env = {**env, "RANK": str(rank), "WORLD_SIZE": str(world_size)}
         if "LOCAL_RANK" not in env:
             env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     if address is not None:
         env = {**env, "MASTER_ADDR": address[0], "MASTER_PORT": str(address[1])}
     launch = from_torchrun(env)
-    if launch is None:
-        raise ValueError(
-            "initialize: RANK and WORLD_SIZE are not set; run under torchrun, use tether.spawn, "
-            "or pass rank= and world_size="
-        )
+    if launch is None:  # no launcher, no ranks: a job of one process, as ignite runs it
+        env = {**env, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(_free_port()))
+        launch = from_torchrun(env)
+        assert launch is not None
     return launch
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- adopting, following and retiring ---------------------------------------------------
+
+
+_SERIAL = Context(Backend())
+
+
+def current() -> Context:
+    """The process's context; follows the default process group (see the module docstring).
+
+    Cost on the happy path: one identity comparison.
+    """
+    ctx = context.peek()
+    if ctx is not None:
+        if ctx.pg is None or ctx.pg is dist.group.WORLD:
+            return ctx
+        retire(ctx)  # its group was destroyed or replaced behind tether's back
+    if dist.is_available() and dist.is_initialized() and dist.group.WORLD is not context.abandoned():
+        return adopt_process_group()
+    return _SERIAL
 
 
 def adopt_process_group() -> Context:
     """Adopt a process group the user created with ``dist.init_process_group``."""
     env = os.environ
     rank, world = dist.get_rank(), dist.get_world_size()
-    local = int(env.get("LOCAL_RANK", context.local_rank_hint if context.local_rank_hint is not None else rank))
+    hint = context.local_rank_hint
+    local = int(env.get("LOCAL_RANK", hint if hint is not None else rank))
     nproc = int(env.get("LOCAL_WORLD_SIZE", world))
+    if world % nproc or not 0 <= local < nproc:
+        local, nproc = rank, world
     topo = Topology(rank, world, local, nproc, world // nproc, rank // nproc)
-    launch = from_torchrun(env)
-    job_id = launch.job_id if launch is not None else "adopted"
+    launch_env = from_torchrun(env)
+    job_id = launch_env.job_id if launch_env is not None else "adopted"
     backend = NativeBackend(topo, str(dist.get_backend()), owns_group=False)
-    store = dist.distributed_c10d._get_default_store()
-    options = Options.from_kwargs({}, -1 if launch is None or launch.use_agent_store else 0)
-    return _watch(backend, store, job_id, False, options, launch.error_file if launch else None)
+    store: Store = dist.distributed_c10d._get_default_store()
+    keep = None
+    base = store
+    while isinstance(base, PrefixStore):
+        base = base.underlying_store
+    if not has_queues(base) or isinstance(base, FileStore):
+        store, keep = _channel_beside(store, job_id, rank, world, datetime.timedelta(minutes=5))
+    hosts = rank == 0 and (launch_env is None or not launch_env.use_agent_store)
+    options = Options.from_kwargs({}, 0 if hosts or launch_env is None else -1)
+    gen = generation(store, job_id, rank)
+    prefix = Channel.make_prefix(job_id, gen)
+    return _watch(
+        backend,
+        store,
+        prefix,
+        False,
+        options,
+        _own_launch(env),
+        launch_env.error_file if launch_env else None,
+        False,
+        keep,
+    )
+
+
+def retire(ctx: Context, *, leave: bool = False) -> None:
+    """End ``ctx``'s watch: threads stopped, hooks off, ladder disarmed; the group is left alone.
+
+    The store's host first tells every rank that its group is retiring (see
+    ``channel.py``). With ``leave`` the rank records a clean exit first.
+    """
+    if context.peek() is ctx:
+        context.uninstall()
+    if ctx.channel is None or ctx.watchdog is None:
+        return
+    with contextlib.suppress(Exception):
+        if leave and not ctx.failed:
+            ctx.channel.leave()
+    ctx.watchdog.stop(announce=ctx.hosts_store or ctx.backend.topology.rank == 0)
+    if ctx.hooks is not None:
+        ctx.hooks.uninstall(keep_exit=ctx.failed)
+
+
+_destroy_wrapped = False
+
+
+def _wrap_destroy() -> None:
+    """Make ``dist.destroy_process_group`` retire tether's context before the group goes.
+
+    Installed once, the first time tether watches a group; it calls torch's own function
+    unchanged when tether has no context for the group being destroyed.
+    """
+    global _destroy_wrapped
+    if _destroy_wrapped:
+        return
+    original: Callable[..., None] = dist.destroy_process_group
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None) -> None:
+        ctx = context.peek()
+        if ctx is not None and ctx.pg is not None and (group is None or group is ctx.pg):
+            retire(ctx, leave=True)
+        original(group)
+
+    dist.destroy_process_group = destroy_process_group
+    dist.distributed_c10d.destroy_process_group = destroy_process_group
+    _destroy_wrapped = True
+
+
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+
+
+def _at_exit() -> None:
+    """A process that never called ``finalize``: stop tether's threads before teardown."""
+    ctx = context.peek()
+    if ctx is not None:
+        retire(ctx, leave=True)
+
+
+# --- finalizing -----------------------------------------------------------------------
 
 
 def finalize() -> None:
     """End this rank's part in the job; never blocks after a failure.
 
-    On the happy path the rank records that it left and destroys its process group; the
-    store's host waits until every rank has left, so no rank loses the store early.
-    After a failure it stops the watchdog's threads and aborts (NCCL) or drops the
-    process group instead of destroying it, which can block on a dead peer.
+    On the happy path the rank records that it left and destroys its process group (also
+    a group it adopted, as ignite does); the store's host waits until every rank has
+    left, so no rank loses the store early. After a failure it stops the watchdog's
+    threads, disarms the ladder, and aborts (NCCL) or drops the process group instead of
+    destroying it, which can block on a dead peer; the process may go on (a handled
+    ``PeerFailure``) and is not ended by tether.
     """
     in_flight = sys.exc_info()[1]  # finalize() in a `finally:` while an exception propagates
     if in_flight is not None and context.peek() is not None:
         report_failure(in_flight)  # else the hooks are gone before the excepthook could post it
-    ctx = context.uninstall()
+    ctx = context.peek()
     if ctx is None or ctx.channel is None or ctx.watchdog is None:
         return
     clean = not ctx.failed
@@ -210,11 +489,12 @@ def finalize() -> None:
         log.warning("tether: finalize could not record a clean exit: %s", exc)
         clean = False
     finally:
-        ctx.watchdog.stop()
         clean = clean and not ctx.failed
-        if ctx.hooks is not None:
-            ctx.hooks.uninstall(keep_exit=not clean)
-        ctx.backend.shutdown(clean)
+        retire(ctx)
+        if ctx.owns_group:
+            ctx.backend.shutdown(clean)
+        elif clean and dist.is_initialized() and dist.group.WORLD is ctx.pg:
+            dist.destroy_process_group()
         if not clean:
             context.abandon_process_group()
 
@@ -226,34 +506,31 @@ def _leave(ctx: Context) -> None:
         ctx.store.set(done, "1")
     if not ctx.hosts_store:
         return
-    ctx.store.set_timeout(datetime.timedelta(seconds=1))
     while ctx.watchdog.failure is None:  # the host outlives the job, or its store would vanish
-        try:
-            ctx.store.get(done)
+        if wait_keys(ctx.store, [done], 0.5, step=0.01):
             return
-        except dist.DistStoreError:
-            continue
 
 
 def report_failure(exc: BaseException) -> BaseException | None:
     """Post this rank's own failure once, and write torchelastic's error file.
 
-    A tether error is a consequence of a failure already posted: it is not posted again,
-    and the error file names the root cause. A SIGTERM (``SignalStop``) that another rank's
-    failure explains is a consequence too: that failure is returned, for the signal hook to
-    raise instead (see ``_failure_behind_stop``).
+    ``sys.exit(0)`` is no failure. A tether error is a consequence of a failure already
+    posted: it is not posted again, and the error file names the root cause. A SIGTERM
+    (``SignalStop``) that another rank's failure explains is a consequence too: that
+    failure is returned (see ``_failure_behind_stop``).
     """
     ctx = context.peek()
-    if ctx is None or ctx.channel is None:
+    if ctx is None or ctx.channel is None or is_success(exc):
         return None
     if isinstance(exc, SignalStop) and not any(seen is exc for seen, _ in ctx.posted):
-        behind = _failure_behind_stop(ctx)  # the hook's call; a later one (finalize) reposts nothing
+        behind = failure_behind_stop(ctx)
         if behind is not None:
             report_failure(behind)
             return behind
     where = ctx.watchdog.current_call if ctx.watchdog is not None and ctx.watchdog.current_call else "user code"
     try:
         if isinstance(exc, TetherError):
+            ctx.channel.mark_done("failed")
             _write_error_file(ctx.error_file, exc, ctx.channel.root_cause(), victim=True)
         else:
             record = ctx.post_own(exc, where)
@@ -273,56 +550,16 @@ def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
     peers that have all stopped because of this very failure.
     """
     assert ctx.watchdog is not None and ctx.channel is not None
-    ctx.watchdog.deliver(error_from_record(record), ctx.channel.listener_client())
-
-
-def _failure_behind_stop(ctx: Context) -> TetherError | None:
-    """The peer failure that explains a SIGTERM, or None when the stop is this rank's own.
-
-    torchrun's agent SIGTERMs every other worker 0.1 s after one worker's process ended,
-    before a heartbeat can tell that it died (``lost_after``). A whereabouts query can: a
-    rank that neither answers within ``answer_within`` nor left cleanly is dead or frozen,
-    and is posted as lost. Costs one query (ms when every rank answers).
-    """
-    watchdog, channel = ctx.watchdog, ctx.channel
-    if watchdog is None or channel is None:
-        return None
-    if watchdog.failure is not None:
-        return watchdog.failure
-    try:
-        answers = channel.ask_whereabouts(range(channel.world_size), ctx.settings.answer_within)
-        if watchdog.failure is not None:
-            return watchdog.failure
-        client = channel.listener_client()  # not the main connection: the signal may have cut its wait
-        silent = [
-            r
-            for r in range(channel.world_size)
-            if r != channel.rank and r not in answers and int(client.add(channel.key("hb", r), 0)) < LEFT
-        ]
-        if not silent:
-            return None
-        record = FailureRecord(
-            rank=silent[0],
-            kind=KIND_LOST,
-            exc_type="Lost",
-            message="its process stopped answering (this rank got SIGTERM, as a launcher sends once a worker died)",
-            time=time.time(),
-            reporter=channel.rank,
-        )
-        return _post_and_pick(ctx, record, PeerLost(record))
-    except dist.DistNetworkError as err:  # the store's host died: that is the failure behind the stop
-        return _store_lost(ctx, err)
-    except Exception as err:  # another failure: the stop stays this rank's own
-        log.warning("tether: could not tell whether a peer's failure caused this SIGTERM: %s", err)
-        return watchdog.failure
+    ctx.watchdog.deliver(error_from_record(record), ctx.channel.client())
 
 
 def _write_error_file(path: str | None, exc: BaseException, record: FailureRecord | None, victim: bool) -> None:
     """torchelastic's error file, so torchrun's "Root Cause" names the true failing rank.
 
-    torchrun picks the failure with the smallest timestamp (whole seconds). The failing
-    rank writes its own time; victims write the root cause's time + 1, so that ties on
-    the second cannot make a victim the "root cause".
+    Written here rather than with torch's ``ErrorHandler.record_exception``, which stamps
+    the current time and the caller's own exception: torchrun picks the failure with the
+    smallest timestamp (whole seconds, ties to the lowest rank), so a victim must write the
+    root cause's time + 1 and the root cause's story, which that API cannot express.
     """
     if path is None or (victim and os.path.exists(path)):  # never cover this rank's own failure
         return
@@ -345,17 +582,4 @@ def set_local_rank(index: int) -> None:
     """Hint the local rank when the user created the process group without tether."""
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         raise ValueError(f"set_local_rank: index must be a non-negative int, got {index!r}")
-    context.local_rank_hint = index
-
-
-_SERIAL = Context(Backend())
-
-
-def current() -> Context:
-    """The process's context; adopts a process group the user created, once."""
-    ctx = context.peek()
-    if ctx is not None:
-        return ctx
-    if dist.is_available() and dist.is_initialized() and dist.group.WORLD is not context.abandoned():
-        return adopt_process_group()
-    return _SERIAL
+    context.set_local_rank_hint(index)

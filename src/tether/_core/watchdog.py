@@ -1,30 +1,47 @@
 """The per-process watchdog: it learns of failures at once and wakes the main thread.
 
-Three daemon threads, each with its own store connection:
+Two daemon threads, each with its own store connection, plus a third once a failure is
+known:
 
-* **listener** blocks in ``queue_pop`` on this rank's inbox. On ``"fail"`` it reads the
-  root cause, turns it into the exception this rank will raise, and *delivers* it: it
-  wakes whatever tether wait the main thread is in (a ``threading.Event`` for a
-  collective, an abort value written to the key of a store wait). On ``"ask:<qid>"`` it
-  answers with the main thread's current tether call and Python stack. On ``"stop"`` it
-  returns. Idle cost: one blocked connection, no CPU, no store operations.
-* **heartbeat** adds 1 to ``hb/<rank>`` every ``interval`` seconds and reads its ring
-  neighbour's counter; a neighbour silent for ``lost_after`` seconds (and not finalized)
-  is posted as lost. Idle cost: 2 store operations per ``interval`` (default 2 s: 1 op/s).
+* **listener** blocks in ``queue_pop`` on this rank's inbox (no timeout: a timed-out c10d
+  wait logs a warning). On ``"fail"`` it reads the root cause, turns it into the exception
+  this rank will raise, and *delivers* it: it wakes whatever tether wait the main thread
+  is in (a ``threading.Event`` for a collective, an abort value written to the key of a
+  store wait). On ``"ask:<qid>"`` it answers with the main thread's current tether call
+  and Python stack; on ``"retire"`` (the store's host is retiring its group) it stops
+  without taking the coming connection loss for a failure; on ``"stop"`` it returns.
+  Idle cost: one blocked connection, no CPU, no store operations. On a store without
+  queues it polls the failure counter every ``period`` instead (one warning says so).
+* **keeper** wakes every ``period`` (0.2 s) and when a signal arrives (it reads the
+  interpreter's wakeup fd, which the C-level signal handler writes without the GIL): it
+  wakes a main thread blocked in a store wait so that the Python handler can run
+  (SIGINT/SIGTERM are honoured within one store round trip), expires and reports stalls
+  of store waits at their deadlines, and judges liveness (``liveness.py``): the other
+  ranks of this host from /proc, other nodes from their heartbeats. Idle cost: a few
+  /proc reads per period; store operations only with more than one node (2 per node per
+  ``heartbeat``).
 * **ladder** (only after a failure) escalates when the main thread does not take the
-  failure: if no tether call has raised it within ``grace / 2`` the process group is
-  aborted where the backend can (NCCL); if none has within ``grace`` the root cause is
-  printed and the process exits with the code of ``errors.ExitCode``.
+  failure: after ``grace / 2`` it aborts the process group on a thread of its own (NCCL's
+  abort can hang: it never holds the exit), after ``grace`` it prints the root cause and
+  exits with ``ExitCode.WATCHDOG`` (6). The last rung needs no GIL: when the ladder is
+  armed, ``faulthandler`` is set to dump every thread's stack at ``grace + 0.5`` s and
+  SIGALRM (left at its default action) to end the process at ``grace + 1`` s, so a main
+  thread that holds the GIL forever is still ended (exit status 142, "killed by SIGALRM").
+  ``disarm`` (a tether call raised the failure, or ``finalize``) cancels all three.
 
-No loop dies of an error in one iteration: errors are logged and the loop goes on,
-except the store's connection closing, which means the store's host is gone.
+No loop dies of an error in one iteration: errors are logged and the loop goes on, except
+the store's connection closing, which means the store's host is gone -- unless this rank
+was told the group is retiring, or its own group is already gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -35,14 +52,17 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from ..errors import PeerLost, TetherError
-from .channel import LEFT, Channel
-from .record import KIND_LOST, FailureRecord, error_from_record
+from ..errors import ExitCode, PeerLost, TetherError
+from .channel import Channel
+from .liveness import NodeWatch, PeerJudge
+from .record import FailureRecord, error_from_record
 
 log = logging.getLogger("tether")
 
 RULE = "=" * 72
 ABORT = "abort"  # written to the key of a store wait to wake the main thread
+EXPIRED = "expired"  # written by the keeper when a store wait reaches its timeout
+PERIOD = 0.2
 
 
 @dataclass(frozen=True)
@@ -50,10 +70,10 @@ class WatchdogConfig:
     """Timings of the watchdog, in seconds.
 
     Args:
-        heartbeat: interval between heartbeats.
-        lost_after: a rank silent this long is declared lost (frozen or dead).
+        heartbeat: interval between node heartbeats (used with more than one node).
+        lost_after: a process stopped this long, or a node silent this long, is lost.
         grace: how long a failure may go untaken by the main thread before the process
-            is ended. ``None`` never ends it.
+            is ended. ``None`` never ends it (interactive interpreters).
         store_host: the rank hosting the store (-1: a launcher), named when it is lost.
     """
 
@@ -63,60 +83,101 @@ class WatchdogConfig:
     store_host: int = -1
 
 
+@dataclass
+class _Wait:
+    """The main thread's current wait, as the watchdog's threads see it."""
+
+    event: threading.Event | None = None
+    key: str | None = None
+    deadline: float | None = None  # monotonic: write EXPIRED to ``key`` then
+    stall_at: float | None = None  # monotonic: call ``on_stall`` then (once)
+    on_stall: Callable[[], None] | None = None
+
+
 class Watchdog:
-    """Watches the channel for one rank. The clock is injectable for tests."""
+    """Watches the channel for one rank. The clock and the exit are injectable for tests."""
 
     def __init__(
         self,
         channel: Channel,
         config: WatchdogConfig,
+        *,
+        judge: PeerJudge | None = None,
+        nodes: NodeWatch | None = None,
         abort: Callable[[], None] = lambda: None,
+        group_gone: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         exit: Callable[[int], None] = os._exit,
     ) -> None:
         self.channel = channel
         self.config = config
+        self.judge = judge
+        self.nodes = nodes
         self._abort = abort
+        self._group_gone = group_gone
         self._clock = clock
         self._exit = exit
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _raise disarms while begin_wait holds it
         self._stop = threading.Event()
-        self._taken = threading.Event()  # the main thread raised the failure
+        self._retiring = threading.Event()
+        self._taken = threading.Event()  # the main thread raised the failure, or finalize disarmed
+        self._armed = False
         self.failure: TetherError | None = None
-        self.noticed_at: float | None = None
-        self._event: threading.Event | None = None
-        self._key: str | None = None
+        self._wait = _Wait()
         self.current_call = ""  # what the main thread is doing, for whereabouts
         self._main = threading.main_thread()
+        self._sig_r, self.signal_fd = os.pipe()  # the write end goes to signal.set_wakeup_fd
+        os.set_blocking(self._sig_r, False)
+        os.set_blocking(self.signal_fd, False)
         self._threads = [
             threading.Thread(target=self._listen, name="tether-listener", daemon=True),
-            threading.Thread(target=self._beat, name="tether-heartbeat", daemon=True),
+            threading.Thread(target=self._keep, name="tether-keeper", daemon=True),
         ]
 
     def start(self) -> None:
         for t in self._threads:
             t.start()
 
-    def stop(self) -> None:
-        """Stop the listener and the heartbeat (the ladder, once armed, stays)."""
-        self._stop.set()
-        with contextlib.suppress(Exception):  # the store is gone: the threads end on their own errors
+    def stop(self, announce: bool = False) -> None:
+        """Stop the threads and disarm the ladder; ``announce`` tells every rank this group retires.
+
+        Bounded: about 1 s at worst (threads are joined with a timeout).
+        """
+        self.disarm()
+        self._retiring.set()
+        with contextlib.suppress(Exception):  # the store may be gone: the threads end on their errors
+            others = [r for r in range(self.channel.world_size) if r != self.channel.rank] if announce else []
+            self.channel.notify(others, "retire")
             self.channel.notify([self.channel.rank], "stop")
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            os.write(self.signal_fd, b"\0")  # wakes the keeper's select
         for t in self._threads:
-            t.join(timeout=1.0)
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(timeout=1.0)
+        for fd in (self._sig_r, self.signal_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     # --- the main thread's side -----------------------------------------------------
 
-    def begin_wait(self, event: threading.Event | None = None, key: str | None = None) -> None:
+    def begin_wait(
+        self,
+        event: threading.Event | None = None,
+        key: str | None = None,
+        deadline: float | None = None,
+        stall_at: float | None = None,
+        on_stall: Callable[[], None] | None = None,
+    ) -> None:
         """Register the main thread's wait; raises at once if a failure is known."""
         with self._lock:
             if self.failure is not None:
                 self._raise()
-            self._event, self._key = event, key
+            self._wait = _Wait(event, key, deadline, stall_at, on_stall)
 
     def end_wait(self) -> None:
         with self._lock:
-            self._event = self._key = None
+            self._wait = _Wait()
 
     def check(self) -> None:
         """Raise the known failure, if any (every tether call starts with this)."""
@@ -124,14 +185,24 @@ class Watchdog:
             self._raise()
 
     def _raise(self) -> None:
-        self._taken.set()
         assert self.failure is not None
+        self.disarm()
         raise self.failure
 
     def taken(self, error: TetherError) -> TetherError:
         """Note that the main thread is about to raise ``error`` (the ladder stands down)."""
-        self._taken.set()
+        self.disarm()
         return error
+
+    def disarm(self) -> None:
+        """Stand the ladder down, its GIL-free rungs included."""
+        self._taken.set()
+        with self._lock:
+            armed, self._armed = self._armed, False
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
+            with contextlib.suppress(ValueError):
+                signal.setitimer(signal.ITIMER_REAL, 0)
 
     def wait_for_failure(self, within: float) -> TetherError | None:
         """Give the listener ``within`` seconds to deliver a failure; return it if it did."""
@@ -145,19 +216,38 @@ class Watchdog:
     def deliver(self, error: TetherError, client: Store | None) -> None:
         """Make ``error`` this rank's failure and wake the main thread (first one wins)."""
         with self._lock:
-            if self.failure is not None:
+            if self.failure is not None or self._stop.is_set():
                 return
             self.failure = error
-            self.noticed_at = self._clock()
-            event, key = self._event, self._key
-        if event is not None:
-            event.set()
-        if key is not None and client is not None:
+            wait = self._wait
+        self._wake(wait, ABORT, client)
+        if self.config.grace is not None and not self._taken.is_set():
+            self._arm(self.config.grace)
+            threading.Thread(target=self._ladder, name="tether-ladder", daemon=True).start()
+
+    def _wake(self, wait: _Wait, value: str, client: Store | None) -> None:
+        if wait.event is not None:
+            wait.event.set()
+        if wait.key is not None and client is not None:
             try:
-                client.compare_set(key, "", ABORT)
+                client.compare_set(wait.key, "", value)
             except Exception:
                 log.exception("tether: could not wake the main thread's store wait")
-        threading.Thread(target=self._ladder, name="tether-ladder", daemon=True).start()
+
+    def post_and_deliver(self, records: list[FailureRecord], client: Store) -> None:
+        """Post ``records`` (losses found by a judge) and deliver the root cause."""
+        for record in records:
+            posted = self.channel.post(record)
+            root = self.channel.root_cause(client) or posted
+            # the client wakes this rank's own store wait: a post notifies only the others
+            self.deliver(error_from_record(root), client)
+
+    def sweep(self) -> TetherError | None:
+        """Judge this host's ranks now, on the caller's thread; the failure found, if any."""
+        if self.judge is not None:
+            client = self.channel.client()
+            self.post_and_deliver(self.judge.check(client), client)
+        return self.failure
 
     def _on_fail(self, client: Store) -> None:
         root = self.channel.root_cause(client)
@@ -165,101 +255,123 @@ class Watchdog:
             return  # nothing readable yet, or this rank's own failure
         self.deliver(error_from_record(root), client)
 
-    def _store_lost(self, exc: BaseException) -> None:
+    def store_lost(self, exc: BaseException) -> TetherError:
+        """The store's host vanished: that is this rank's failure (unless one is known)."""
         host = self.config.store_host
         who = f"rank {host} (store host)" if host >= 0 else "the launcher hosting the store"
         record = FailureRecord(
             rank=host,
-            kind=KIND_LOST,
+            kind="lost",
             exc_type="StoreLost",
-            message=f"{who} lost: the store closed its connection ({exc})",
+            message=f"{who} lost: the store closed its connection ({str(exc).splitlines()[0] if str(exc) else exc})",
             reporter=self.channel.rank,
         )
         self.deliver(PeerLost(record), None)
+        return self.failure or PeerLost(record)
+
+    def _quiet_loss(self) -> bool:
+        """A lost connection that is no failure: this context is stopping, or its group is gone."""
+        return self._stop.is_set() or self._retiring.is_set() or self._group_gone()
 
     # --- threads --------------------------------------------------------------------
 
     def _listen(self) -> None:
-        client = self.channel.listener_client()
+        client = self.channel.client()
         inbox = self.channel.key("inbox", self.channel.rank)
         while not self._stop.is_set():
             try:
+                if not self.channel.queues:
+                    if self._stop.wait(PERIOD):
+                        return
+                    if self.channel.failure_count(client):
+                        self._on_fail(client)
+                    continue
                 message = client.queue_pop(inbox).decode()
-                if message == "stop":
+                if message in ("stop", "retire"):
+                    self._retiring.set()
                     return
                 if message == "fail":
                     self._on_fail(client)
                 elif message.startswith("ask:"):
                     self.channel.answer(client, int(message[4:]), self.whereabouts())
             except dist.DistNetworkError as exc:
-                if not self._stop.is_set():
-                    self._store_lost(exc)
+                if not self._quiet_loss():
+                    self.store_lost(exc)
                 return
             except Exception:
-                if self._stop.is_set():
+                if self._quiet_loss():
                     return
                 log.exception("tether listener: error handling a message; going on")
                 self._stop.wait(0.1)
 
-    def _beat(self) -> None:
-        if self.config.heartbeat <= 0:
-            return
-        client = self.channel.listener_client()
-        me = self.channel.key("hb", self.channel.rank)
-        size = self.channel.world_size
-        neighbour = (self.channel.rank + 1) % size
-        theirs = self.channel.key("hb", neighbour)
-        seen, since = -1, self._clock()
-        while not self._stop.wait(self.config.heartbeat):
+    def _keep(self) -> None:
+        client = self.channel.client()
+        next_beat = self._clock()
+        while not self._stop.is_set():
             try:
-                client.add(me, 1)
-                if size == 1 or self.failure is not None:
-                    continue
-                value = int(client.add(theirs, 0))
+                with self._lock:
+                    wait = self._wait
                 now = self._clock()
-                if value >= LEFT:
-                    continue
-                if value != seen:
-                    seen, since = value, now
-                elif now - since > self.config.lost_after:
-                    self._post_lost(neighbour, now - since, client)
-                    since = now
+                marks = [m for m in (wait.deadline, wait.stall_at) if m is not None]
+                timeout = max(0.0, min([PERIOD, *(m - now for m in marks)]))
+                readable, _, _ = select.select([self._sig_r], [], [], timeout)
+                if self._stop.is_set():
+                    return
+                if readable and os.read(self._sig_r, 64).strip(b"\0"):
+                    self._wake(wait, ABORT, client)  # a signal: let the main thread's handler run
+                now = self._clock()
+                if wait.deadline is not None and now >= wait.deadline:
+                    self._wake(wait, EXPIRED, client)
+                    with self._lock:
+                        if self._wait is wait:
+                            wait.deadline = None
+                if wait.stall_at is not None and now >= wait.stall_at and wait.on_stall is not None:
+                    wait.stall_at = None
+                    wait.on_stall()
+                if self.failure is None and self.judge is not None:
+                    self.post_and_deliver(self.judge.check(client), client)
+                if self.failure is None and self.nodes is not None and now >= next_beat:
+                    next_beat = now + self.config.heartbeat
+                    self.post_and_deliver(self.nodes.check(client), client)
             except dist.DistNetworkError as exc:
-                if not self._stop.is_set():
-                    self._store_lost(exc)
+                if not self._quiet_loss():
+                    self.store_lost(exc)
                 return
             except Exception:
-                log.exception("tether heartbeat: error in one beat; going on")
+                if self._quiet_loss():
+                    return
+                log.exception("tether keeper: error in one cycle; going on")
+                self._stop.wait(PERIOD)
 
-    def _post_lost(self, rank: int, silent: float, client: Store) -> None:
-        record = FailureRecord(
-            rank=rank,
-            kind=KIND_LOST,
-            exc_type="Lost",
-            message=f"no heartbeat for {silent:.1f} s: the process is frozen or dead",
-            time=time.time(),
-            reporter=self.channel.rank,
-        )
-        posted = self.channel.post(record)
-        # the client wakes this rank's own store wait: the post notifies only the other ranks
-        self.deliver(error_from_record(self.channel.root_cause() or posted), client)
+    # --- the ladder -------------------------------------------------------------------
+
+    def _arm(self, grace: float) -> None:
+        """The rungs that need no GIL: a stack dump, then SIGALRM's default action."""
+        with self._lock:
+            self._armed = True
+        faulthandler.dump_traceback_later(grace + 0.5, exit=False)
+        if signal.getsignal(signal.SIGALRM) == signal.SIG_DFL:
+            with contextlib.suppress(ValueError):
+                signal.setitimer(signal.ITIMER_REAL, grace + 1.0)
 
     def _ladder(self) -> None:
         grace = self.config.grace
-        if grace is None:
-            return
+        assert grace is not None
         if self._taken.wait(grace / 2):
             return
-        try:
-            self._abort()
-        except Exception:
-            log.exception("tether: aborting the process group failed")
+        threading.Thread(target=self._run_abort, name="tether-abort", daemon=True).start()
         if self._taken.wait(grace / 2):
             return
         assert self.failure is not None
         sys.stderr.write(render_notice(self.channel.rank, self.failure, self.whereabouts(), grace))
         sys.stderr.flush()
-        self._exit(int(self.failure.exit_code))
+        self._exit(int(ExitCode.WATCHDOG))
+
+    def _run_abort(self) -> None:
+        try:
+            self._abort()
+        except Exception:
+            log.exception("tether: aborting the process group failed")
 
     def whereabouts(self) -> str:
         """The main thread's current tether call and its innermost Python frames."""
@@ -273,5 +385,5 @@ def render_notice(rank: int, failure: TetherError, whereabouts: str, grace: floa
     return (
         f"{RULE}\ntether: rank {rank}: {failure}\n"
         f"  the main thread did not return to tether within {grace:g} s; it was {whereabouts}\n"
-        f"  ending this process with exit code {int(failure.exit_code)}\n{RULE}\n"
+        f"  ending this process with exit code {int(ExitCode.WATCHDOG)}\n{RULE}\n"
     )

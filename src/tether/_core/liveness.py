@@ -1,0 +1,152 @@
+"""Who is alive, judged where no GIL can block the judge: the operating system.
+
+A rank is **lost** only when its process is gone or stopped, or its whole node went
+silent. A rank that is merely busy -- even in one C call that holds the GIL for minutes --
+is never lost: nothing here reads a heartbeat from a rank's own Python threads.
+
+* **Processes, from /proc.** Every rank registers ``rank:pid`` under its host's key
+  (``channel.register``). A judge on the same host reads ``/proc/<pid>/stat``:
+
+  - gone (no entry, or a zombie), and ``P/done/<rank>`` unset: the process ended without
+    posting anything (SIGKILL, a crash, ``os._exit``). Found within one ``period``
+    (0.2 s), under every launcher.
+  - stopped (state ``T``: SIGSTOP, or ``t``: a tracer) for longer than ``lost_after``:
+    frozen. The judge posts the loss and then SIGKILLs the process, which cannot
+    recover the job and would otherwise outlive it (torchrun waits 30 s between its
+    SIGTERM and SIGKILL, and a stopped process does not act on SIGTERM).
+
+  The judges are ``tether.spawn``'s launcher for its children, and under every other
+  launcher each rank's keeper thread for the other ranks of its host. A judge that is
+  itself blocked (its main thread holds the GIL) only judges later; it never judges
+  wrongly, because what it reads is the OS's state, not a beat.
+* **Nodes, from heartbeats.** With more than one node, each node beats ``P/node/<n>``
+  every ``heartbeat`` seconds (its launcher under ``tether.spawn``; its local rank 0's
+  keeper thread otherwise) and watches the next node of a ring: a node silent for
+  ``lost_after`` is lost with all its ranks. Two store operations per node per beat,
+  whatever the number of nodes. This is the one judgement that a beat
+  decides, and so the one a GIL can delay: under torchrun a node whose every rank holds
+  the GIL for ``lost_after`` would be taken for lost. Under ``tether.spawn`` the
+  launcher beats, and a busy rank cannot delay it.
+* **Stalls** (alive, not arriving) are not losses: ``SyncTimeout`` and stall reports
+  (``waits.py``) deal with them.
+
+Several judges may see the same loss; the first to ``claim_loss`` posts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch._C._distributed_c10d import Store
+
+from .channel import Channel
+from .record import FailureRecord, lost_record
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` in /proc (``R``, ``S``, ``T``...), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            stat = fp.read()
+    except OSError:
+        return None
+    state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode()
+    return None if state in ("Z", "X") else state
+
+
+def stopped(state: str | None) -> bool:
+    return state in ("T", "t")
+
+
+@dataclass
+class PeerJudge:
+    """Judges processes on this host from the OS; ``check`` returns the losses it found.
+
+    Args:
+        channel: the job's channel (for ``done`` marks and loss claims).
+        lost_after: seconds a process may stay stopped before it is lost.
+        clock: monotonic seconds (injectable for tests).
+        pids: rank -> pid to judge; a rank judge fills it from its host's registrations.
+        kill: SIGKILL a frozen process once its loss is posted.
+    """
+
+    channel: Channel
+    lost_after: float
+    clock: Callable[[], float]
+    pids: dict[int, int] = field(default_factory=dict)
+    kill: bool = True
+    _stopped_since: dict[int, float] = field(default_factory=dict)
+    _judged: set[int] = field(default_factory=set)
+
+    def check(self, client: Store) -> list[FailureRecord]:
+        """One look at every watched process; returns the records this judge must post."""
+        found = []
+        now = self.clock()
+        for rank, pid in list(self.pids.items()):
+            if rank in self._judged:
+                continue
+            state = process_state(pid)
+            if state is None:
+                self._judged.add(rank)
+                if self.channel.done(rank, client) is None and self.channel.claim_loss(rank, client):
+                    message = "its process ended without a word (killed by a signal, crashed, or os._exit)"
+                    found.append(lost_record(rank, message, self.channel.rank, pid=pid))
+            elif stopped(state):
+                since = self._stopped_since.setdefault(rank, now)
+                if now - since >= self.lost_after:
+                    self._judged.add(rank)
+                    if self.channel.claim_loss(rank, client):
+                        message = f"frozen: its process has been stopped (state {state}) for {now - since:.1f} s"
+                        found.append(lost_record(rank, message, self.channel.rank, pid=pid))
+                    if self.kill:
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGKILL)
+            else:
+                self._stopped_since.pop(rank, None)
+        return found
+
+
+@dataclass
+class NodeWatch:
+    """Beats this node's counter and finds other nodes that went silent."""
+
+    channel: Channel
+    node: int
+    nnodes: int
+    nproc_per_node: int
+    lost_after: float
+    clock: Callable[[], float]
+    beats: bool = True
+    _seen: dict[int, tuple[int, float]] = field(default_factory=dict)
+    _judged: set[int] = field(default_factory=set)
+
+    def check(self, client: Store) -> list[FailureRecord]:
+        """Beat this node; judge the next node of the ring (each node watches one: O(1) per node)."""
+        if self.nnodes <= 1:
+            return []
+        if self.beats:
+            client.add(self.channel.key("node", self.node), 1)
+        other = (self.node + 1) % self.nnodes
+        if other in self._judged:
+            return []
+        now = self.clock()
+        value = int(client.add(self.channel.key("node", other), 0))
+        last, since = self._seen.get(other, (-1, now))
+        if value != last:
+            self._seen[other] = (value, now)
+            return []
+        if value == 0 or now - since <= self.lost_after:
+            return []  # not started yet, or not silent for long enough
+        self._judged.add(other)
+        if not self.channel.claim_loss(-1000 - other, client):
+            return []
+        first = other * self.nproc_per_node
+        message = (
+            f"node {other} (ranks {first}-{first + self.nproc_per_node - 1}) lost: "
+            f"no heartbeat for {now - since:.1f} s (its host is down or unreachable)"
+        )
+        return [lost_record(first, message, self.channel.rank, exc_type="NodeLost")]
