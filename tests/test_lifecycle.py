@@ -256,3 +256,16 @@ def test_spawn_of_an_unpicklable_function_raises_one_clear_error_before_any_chil
     assert "CHILD STARTED" not in res.stdout, f"a child was started for an unpicklable function\n{tail(res)}"
     assert res.output.count("Traceback") == 1, f"{res.output.count('Traceback')} tracebacks, expected 1\n{tail(res)}"
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_exit_without_finalize_end_cleanly_every_time() -> None:
+    rounds = 3
+    res = python("lifecycle_nofinalize.py", str(rounds), bound=100)
+    assert res.returncode == 0, res.output[-4000:]
+    codes = [line.split() for line in res.stdout.splitlines() if line.startswith("EXIT ")]
+    assert len(codes) == 2 * rounds and all(c[3] == "0" for c in codes), res.output[-4000:]
+    assert res.stdout.count("RETURNED") == 2 * rounds, res.output[-4000:]
+    noise = [line for line in res.stdout.splitlines() if line.startswith("STDERR ")]
+    assert noise == [], "\n".join(noise[:40])  # no SIGABRT story, no store warning, no traceback
+    assert res.leftovers == []

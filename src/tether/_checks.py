@@ -130,6 +130,17 @@ def check_master(nnodes: int, master_addr: object, master_port: object, init_met
         )
 
 
+def check_port(port: object) -> int:
+    """A TCP port, as an int or a numeric str (``--master_port`` from argparse, ``MASTER_PORT``)."""
+    try:
+        value = int(str(port))
+    except (TypeError, ValueError):
+        value = -1
+    if isinstance(port, bool) or not 0 <= value < 65536:
+        raise ValueError(f"master_port must be a port number in [0, 65536), got {_show(port)}")
+    return value
+
+
 def check_rank_and_world_size(rank: object, world_size: object) -> tuple[int, int] | None:
     """``initialize(rank=, world_size=)``: both or neither; None when neither."""
     if rank is None and world_size is None:

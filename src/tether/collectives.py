@@ -30,8 +30,9 @@ import torch.distributed as dist
 
 from . import _checks, groups
 from ._core.context import Context
+from ._core.group import Group
 from ._core.runtime import current
-from ._core.waits import Group, wait_work
+from ._core.waits import wait_work
 from .backends import REDUCE_OPS
 
 

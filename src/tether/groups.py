@@ -8,8 +8,8 @@ import torch.distributed as dist
 
 from . import _checks
 from ._core.context import Context
+from ._core.group import Group
 from ._core.runtime import current
-from ._core.waits import Group
 
 
 def new_group(ranks: list[int], **kwargs: Any) -> Any:

@@ -16,7 +16,8 @@ from typing import Any
 
 from . import _checks
 from ._core import context
-from ._core.runtime import current, finalize, initialize, report_failure
+from ._core.failures import report_failure
+from ._core.runtime import current, finalize, initialize
 from .backends import check_backend
 from .spawn import spawn
 
@@ -75,6 +76,7 @@ class Parallel:
             _checks.check_nproc_per_node(nproc_per_node)
             nodes = _checks.check_nnodes(nnodes)
             _checks.check_node_rank(node_rank if node_rank is not None or nodes > 1 else 0, nodes)
+            _checks.check_master(nodes, master_addr, master_port, init_method)
         self.backend = backend
         self._spawn_args = {k: v for k, v in given.items() if v is not None and k != "nproc_per_node"}
         self._spawn_args.update(spawn_kwargs)

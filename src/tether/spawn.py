@@ -39,10 +39,12 @@ from torch._C._distributed_c10d import FileStore, TCPStore
 
 from . import _checks
 from ._core.channel import Channel, generation
+from ._core.failures import report_failure
 from ._core.hooks import exit_code_for, is_success
 from ._core.liveness import NodeWatch, PeerJudge
+from ._core.options import Launch, Options, to_timedelta
 from ._core.record import KIND_EXIT, KIND_SIGNAL, FailureRecord, describe_exit
-from ._core.runtime import Launch, Options, finalize, report_failure, start, to_timedelta
+from ._core.runtime import finalize, start
 from ._env import Topology, file_path, parse_init_method
 from .backends import check_backend
 from .errors import ExitCode, JobFailed
@@ -95,9 +97,9 @@ def spawn(
     nnodes = _checks.check_nnodes(kwargs.pop("nnodes", 1))
     node_rank = _checks.check_node_rank(kwargs.pop("node_rank", None if nnodes > 1 else 0), nnodes)
     addr = kwargs.pop("master_addr", None) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = kwargs.pop("master_port", None)
-    if port is None and "MASTER_PORT" in os.environ:
-        port = int(os.environ["MASTER_PORT"])
+    port = kwargs.pop("master_port", None) or os.environ.get("MASTER_PORT")
+    if port is not None:
+        port = _checks.check_port(port)
     init_method = kwargs.pop("init_method", None)
     address, shared_file = parse_init_method(init_method), file_path(init_method)
     if address is not None:
@@ -137,7 +139,8 @@ def _start_method(fn: Callable[..., Any], asked: str | None) -> str:
     if asked is not None and asked not in methods:
         raise ValueError(f"start_method must be one of {methods}, got {asked!r}")
     main = sys.modules.get("__main__")
-    unimportable = getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None)
+    main_file = getattr(main, "__file__", None)  # "<stdin>" under `python -`, absent in -c and notebooks
+    unimportable = getattr(fn, "__module__", None) == "__main__" and not (main_file and os.path.isfile(main_file))
     if asked is None:
         asked = "fork" if unimportable and "fork" in methods else "spawn"
     if asked == "fork":

@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 from . import groups
 from ._checks import check_rank, check_timeout
 from ._core.context import Context
+from ._core.group import Group
 from ._core.runtime import current
-from ._core.waits import Group, gate
+from ._core.waits import gate
 
 log = logging.getLogger("tether")
 

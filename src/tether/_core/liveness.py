@@ -79,28 +79,36 @@ class PeerJudge:
     clock: Callable[[], float]
     pids: dict[int, int] = field(default_factory=dict)
     kill: bool = True
+    lost: set[int] = field(default_factory=set)  # ranks this judge found lost (posted by it or another)
     _stopped_since: dict[int, float] = field(default_factory=dict)
     _judged: set[int] = field(default_factory=set)
 
-    def check(self, client: Store) -> list[FailureRecord]:
-        """One look at every watched process; returns the records this judge must post."""
+    def check(self, client: Store, now: bool = False) -> list[FailureRecord]:
+        """One look at every watched process; returns the records this judge must post.
+
+        ``now``: the caller needs a verdict at once (``HostJudge`` then refreshes its pids).
+        """
         found = []
-        now = self.clock()
+        t = self.clock()
         for rank, pid in list(self.pids.items()):
             if rank in self._judged:
                 continue
             state = process_state(pid)
             if state is None:
                 self._judged.add(rank)
-                if self.channel.done(rank, client) is None and self.channel.claim_loss(rank, client):
+                if self.channel.done(rank, client) is not None:
+                    continue  # it ended after telling (a clean exit, or its own failure posted)
+                self.lost.add(rank)  # whoever wins the claim posts it; the others get the record
+                if self.channel.claim_loss(rank, client):
                     message = "its process ended without a word (killed by a signal, crashed, or os._exit)"
                     found.append(lost_record(rank, message, self.channel.rank, pid=pid))
             elif stopped(state):
-                since = self._stopped_since.setdefault(rank, now)
-                if now - since >= self.lost_after:
+                since = self._stopped_since.setdefault(rank, t)
+                if t - since >= self.lost_after:
                     self._judged.add(rank)
+                    self.lost.add(rank)
                     if self.channel.claim_loss(rank, client):
-                        message = f"frozen: its process has been stopped (state {state}) for {now - since:.1f} s"
+                        message = f"frozen: its process has been stopped (state {state}) for {t - since:.1f} s"
                         found.append(lost_record(rank, message, self.channel.rank, pid=pid))
                     if self.kill:
                         with contextlib.suppress(OSError):
@@ -150,3 +158,25 @@ class NodeWatch:
             f"no heartbeat for {now - since:.1f} s (its host is down or unreachable)"
         )
         return [lost_record(first, message, self.channel.rank, exc_type="NodeLost")]
+
+
+@dataclass
+class HostJudge(PeerJudge):
+    """A rank's judge of the other ranks of its host; learns their pids from the store.
+
+    Until every expected rank registered it looks again after 0.2 s, doubling up to 5 s
+    (one store read per look); ``check(..., now=True)`` looks at once (a sweep on SIGTERM).
+    """
+
+    host: str = ""
+    expected: int = 0
+    _next_look: float = 0.0
+    _interval: float = 0.2
+
+    def check(self, client: Store, now: bool = False) -> list[FailureRecord]:
+        t = self.clock()
+        if len(self.pids) < self.expected and (now or t >= self._next_look):
+            self._next_look, self._interval = t + self._interval, min(self._interval * 2, 5.0)
+            mine = self.channel.rank
+            self.pids.update({r: p for r, p in self.channel.host_pids(self.host, client).items() if r != mine})
+        return super().check(client, now)

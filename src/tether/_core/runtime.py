@@ -28,15 +28,12 @@ import atexit
 import contextlib
 import datetime
 import functools
-import json
 import logging
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -45,63 +42,17 @@ from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
 from .. import _slurm
 from .._env import LaunchEnv, Topology, file_path, from_torchrun, interactive, parse_init_method
 from ..backends import Backend, NativeBackend, check_backend
-from ..errors import TetherError
 from . import context
 from .channel import Channel, clone, generation, has_queues, wait_keys
-from .context import Context, SyncSettings
-from .hooks import Hooks, SignalStop, is_success
-from .liveness import NodeWatch, PeerJudge
-from .record import FailureRecord, error_from_record
-from .waits import failure_behind_stop
+from .context import Context
+from .failures import report_failure
+from .hooks import Hooks
+from .liveness import HostJudge, NodeWatch
+from .options import Launch, Options, to_timedelta
+from .stores import channel_beside, free_port
 from .watchdog import Watchdog, WatchdogConfig
 
 log = logging.getLogger("tether")
-
-_OPTIONS = {"heartbeat", "lost_after", "grace", "sync_timeout", "warn_after"}
-
-
-@dataclass(frozen=True)
-class Options:
-    """tether's own settings, taken from ``initialize``/``spawn`` keyword arguments."""
-
-    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
-    sync: SyncSettings = field(default_factory=SyncSettings)
-
-    @classmethod
-    def from_kwargs(cls, kwargs: Mapping[str, Any], store_host: int) -> Options:
-        unknown = set(kwargs) - _OPTIONS
-        if unknown:
-            raise TypeError(f"unexpected keyword argument(s): {sorted(unknown)}")
-        w, s = WatchdogConfig(), SyncSettings()
-        return cls(
-            WatchdogConfig(
-                heartbeat=float(kwargs.get("heartbeat", w.heartbeat)),
-                lost_after=float(kwargs.get("lost_after", w.lost_after)),
-                grace=kwargs.get("grace", w.grace),
-                store_host=store_host,
-            ),
-            SyncSettings(
-                timeout=kwargs.get("sync_timeout", s.timeout), warn_after=float(kwargs.get("warn_after", s.warn_after))
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class Launch:
-    """How this process came to be: who judges its liveness, whether tether may end it."""
-
-    owned: bool  # a tether.spawn worker, or under torchrun/srun: an uncaught failure ends it
-    judge_peers: bool  # judge the other ranks of this host (not under tether.spawn: its launcher does)
-    node_beats: bool = True  # beat this node's heartbeat (under tether.spawn the launcher does)
-
-
-def to_timedelta(timeout: object) -> datetime.timedelta | None:
-    if timeout is None or isinstance(timeout, datetime.timedelta):
-        return timeout
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
-        return datetime.timedelta(seconds=timeout)
-    raise ValueError(f"timeout must be a datetime.timedelta or a positive number of seconds, got {timeout!r}")
-
 
 # --- starting -------------------------------------------------------------------------
 
@@ -154,7 +105,7 @@ def _watch(
     config = options.watchdog
     if interactive():
         config = WatchdogConfig(config.heartbeat, config.lost_after, None, config.store_host)
-    judge = _RankJudge(channel, config.lost_after, time.monotonic, host=host, expected=topo.nproc_per_node - 1)
+    judge = HostJudge(channel, config.lost_after, time.monotonic, host=host, expected=topo.nproc_per_node - 1)
     nodes = NodeWatch(
         channel,
         topo.node_rank,
@@ -185,23 +136,6 @@ def _watch(
     _wrap_destroy()
     _register_atexit()
     return ctx
-
-
-@dataclass
-class _RankJudge(PeerJudge):
-    """A rank's judge of the other ranks of its host; learns their pids from the store."""
-
-    host: str = ""
-    expected: int = 0
-    _next_look: float = 0.0
-
-    def check(self, client: Store) -> list[FailureRecord]:
-        now = self.clock()
-        if len(self.pids) < self.expected and now >= self._next_look:
-            self._next_look = now + 1.0
-            mine = self.channel.rank
-            self.pids.update({r: p for r, p in self.channel.host_pids(self.host, client).items() if r != mine})
-        return super().check(client)
 
 
 def _own_launch(env: Mapping[str, str]) -> Launch:
@@ -248,7 +182,7 @@ def initialize(backend: str, **kwargs: Any) -> None:
         store: Store = FileStore(path, topo.world_size)
         store.set_timeout(store_timeout)
         job_id = "file"
-        chan, keep = _channel_beside(store, job_id, topo.rank, topo.world_size, store_timeout)
+        chan, keep = channel_beside(store, job_id, topo.rank, topo.world_size, store_timeout)
         start(
             backend,
             topo,
@@ -284,32 +218,6 @@ def initialize(backend: str, **kwargs: Any) -> None:
     )
 
 
-def _channel_beside(
-    store: Store, job_id: str, rank: int, world_size: int, timeout: datetime.timedelta
-) -> tuple[Store, TCPStore | None]:
-    """A TCPStore for the failure channel of a job whose own store has no queues (a FileStore).
-
-    Rank 0 hosts it on a free port and publishes ``host:port`` on ``store``; the others
-    read it there (a blocking ``get``, bounded by the store's timeout) and connect.
-    Returns the channel's store and the server object to keep alive (rank 0).
-    """
-    gen = int(store.add(f"tether/{job_id}/addr-inc/{rank}", 1))
-    key = f"tether/{job_id}/{gen}/channel-address"
-    if rank == 0:
-        server = TCPStore(_reachable_address(), 0, world_size, True, timeout=timeout, wait_for_workers=False)
-        store.set(key, f"{_reachable_address()}:{server.port}")
-        return server, server
-    host, _, port = store.get(key).decode().rpartition(":")
-    return TCPStore(host, int(port), world_size, False, timeout=timeout), None
-
-
-def _reachable_address() -> str:
-    """This host's address as other hosts can reach it (loopback when it cannot be resolved)."""
-    with contextlib.suppress(OSError):
-        return socket.gethostbyname(socket.gethostname())
-    return "127.0.0.1"
-
-
 def _launch_env(env: dict[str, str], init_method: str | None, rank: Any, world_size: Any) -> LaunchEnv:
     address = parse_init_method(init_method)
     if _slurm.applies(env):  # srun: SLURM's variables, translated and checked (see _slurm)
@@ -331,16 +239,10 @@ def _launch_env(env: dict[str, str], init_method: str | None, rank: Any, world_s
     if launch is None:  # no launcher, no ranks: a job of one process, as ignite runs it
         env = {**env, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
         env.setdefault("MASTER_ADDR", "127.0.0.1")
-        env.setdefault("MASTER_PORT", str(_free_port()))
+        env.setdefault("MASTER_PORT", str(free_port()))
         launch = from_torchrun(env)
         assert launch is not None
     return launch
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- adopting, following and retiring ---------------------------------------------------
@@ -383,7 +285,7 @@ def adopt_process_group() -> Context:
     while isinstance(base, PrefixStore):
         base = base.underlying_store
     if not has_queues(base) or isinstance(base, FileStore):
-        store, keep = _channel_beside(store, job_id, rank, world, datetime.timedelta(minutes=5))
+        store, keep = channel_beside(store, job_id, rank, world, datetime.timedelta(minutes=5))
     hosts = rank == 0 and (launch_env is None or not launch_env.use_agent_store)
     options = Options.from_kwargs({}, 0 if hosts or launch_env is None else -1)
     gen = generation(store, job_id, rank)
@@ -491,6 +393,9 @@ def finalize() -> None:
     finally:
         clean = clean and not ctx.failed
         retire(ctx)
+        if clean and ctx.hosts_store and ctx.store is not None:
+            with contextlib.suppress(Exception):
+                ctx.store.set(ctx.channel.key("left", "closing"), "1")  # the others may go: it closes now
         if ctx.owns_group:
             ctx.backend.shutdown(clean)
         elif clean and dist.is_initialized() and dist.group.WORLD is ctx.pg:
@@ -500,77 +405,22 @@ def finalize() -> None:
 
 
 def _leave(ctx: Context) -> None:
+    """Record this rank's clean exit; the store's host waits for every rank's.
+
+    When a rank hosts the store, the others also wait (up to 5 s) until the host is about
+    to close it: a next ``initialize`` on the same port must reach the new store, not the
+    old one on its way out (torch logs a warning for every such reconnect).
+    """
     assert ctx.channel is not None and ctx.store is not None and ctx.watchdog is not None
     done = ctx.channel.key("left", "all")
     if ctx.channel.leave() == ctx.channel.world_size:
         ctx.store.set(done, "1")
-    if not ctx.hosts_store:
-        return
-    while ctx.watchdog.failure is None:  # the host outlives the job, or its store would vanish
-        if wait_keys(ctx.store, [done], 0.5, step=0.01):
-            return
-
-
-def report_failure(exc: BaseException) -> BaseException | None:
-    """Post this rank's own failure once, and write torchelastic's error file.
-
-    ``sys.exit(0)`` is no failure. A tether error is a consequence of a failure already
-    posted: it is not posted again, and the error file names the root cause. A SIGTERM
-    (``SignalStop``) that another rank's failure explains is a consequence too: that
-    failure is returned (see ``_failure_behind_stop``).
-    """
-    ctx = context.peek()
-    if ctx is None or ctx.channel is None or is_success(exc):
-        return None
-    if isinstance(exc, SignalStop) and not any(seen is exc for seen, _ in ctx.posted):
-        behind = failure_behind_stop(ctx)
-        if behind is not None:
-            report_failure(behind)
-            return behind
-    where = ctx.watchdog.current_call if ctx.watchdog is not None and ctx.watchdog.current_call else "user code"
-    try:
-        if isinstance(exc, TetherError):
-            ctx.channel.mark_done("failed")
-            _write_error_file(ctx.error_file, exc, ctx.channel.root_cause(), victim=True)
-        else:
-            record = ctx.post_own(exc, where)
-            _write_error_file(ctx.error_file, exc, record, victim=False)
-            if record is not None and threading.current_thread() is not threading.main_thread():
-                _wake_main_thread(ctx, record)
-    except Exception as err:
-        # the store may be gone (its host died): then this line is the only trace of why
-        log.warning("tether: could not post this rank's failure (%s: %s): %s", type(exc).__name__, exc, err)
-    return None
-
-
-def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
-    """A thread of this rank failed: stop the main thread's wait too, as every peer's.
-
-    The post wakes only the other ranks; without this, the main thread would wait for
-    peers that have all stopped because of this very failure.
-    """
-    assert ctx.watchdog is not None and ctx.channel is not None
-    ctx.watchdog.deliver(error_from_record(record), ctx.channel.client())
-
-
-def _write_error_file(path: str | None, exc: BaseException, record: FailureRecord | None, victim: bool) -> None:
-    """torchelastic's error file, so torchrun's "Root Cause" names the true failing rank.
-
-    Written here rather than with torch's ``ErrorHandler.record_exception``, which stamps
-    the current time and the caller's own exception: torchrun picks the failure with the
-    smallest timestamp (whole seconds, ties to the lowest rank), so a victim must write the
-    root cause's time + 1 and the root cause's story, which that API cannot express.
-    """
-    if path is None or (victim and os.path.exists(path)):  # never cover this rank's own failure
-        return
-    stamp = int(record.time if record is not None and record.time else time.time()) + (1 if victim else 0)
-    message = f"{type(exc).__name__}: {exc}" if victim or record is None else record.headline
-    extra = {"timestamp": str(stamp)}
-    if not victim and record is not None and record.traceback:
-        extra["py_callstack"] = record.traceback  # without it, torchrun's summary shows the message
-    data = {"message": {"message": message, "extraInfo": extra}}
-    with open(path, "w") as fp:
-        json.dump(data, fp)
+    if ctx.hosts_store:
+        while ctx.watchdog.failure is None:  # the host outlives the job, or its store would vanish
+            if wait_keys(ctx.store, [done], 0.5, step=0.01):
+                return
+    elif ctx.owns_group and ctx.watchdog.config.store_host >= 0:
+        wait_keys(ctx.store, [ctx.channel.key("left", "closing")], 5.0, step=0.005)
 
 
 def sync(temporary: bool = False) -> None:

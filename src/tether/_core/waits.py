@@ -1,4 +1,4 @@
-"""Every wait lives here: store syncs, waits on collectives, and their failure paths.
+"""Every wait lives here: store syncs and waits on collectives (their verdicts: ``verdicts.py``).
 
 **Store syncs** (``barrier``, ``one_rank_first``, ``one_rank_only(with_barrier=True)``) run
 on the job's store, not as collectives: measured in ``benchmarks/sync.py``, a store gate
@@ -12,19 +12,24 @@ costs two round trips per rank and beats ``dist.barrier`` on gloo. A gate on key
 * the member that completes the gate (the last arrival, or the working rank of
   ``one_rank_first``) writes ``.../go`` = ``"ok"``; a working rank that raised writes
   ``"failed:<seq of its record>"`` instead, in ``finally``, *without* arriving (so no
-  last arrival can release the gate before it); the watchdog writes
-  ``"abort"`` to wake a waiter when any other failure is posted. All three use
-  ``compare_set``, so the first value written is the one every member reads.
-* every other member reads ``.../go`` (``get`` waits for it) and returns, or raises.
+  last arrival can release the gate before it); the watchdog's threads write
+  ``"abort"`` to wake a waiter when any other failure is posted or a signal arrives, and
+  ``"expired"`` at the waiter's timeout. All use ``compare_set``, so the first value
+  written is the one every member reads.
+* every other member reads ``.../go`` (a ``get`` without timeout: a timed-out c10d wait
+  logs a warning) and returns, or raises.
 
 Costs per call and rank: 2 store round trips (the completer: add + compare_set, then it
-deletes the previous gate's two keys, after the others are released).
+deletes the two keys of the group's previous gate, after the others are released).
 
 **Collectives** are issued with ``async_op=True`` and waited on with a ``threading.Event``
 that both the work's completion callback and the watchdog can set, so a failure posted
-anywhere wakes the caller within a millisecond; gloo cannot be woken any other way.
-A collective still waiting after ``check_after`` seconds adds its signature to the same
-gate counter, so a rank in a different sync is found (the slow path; free when fast).
+anywhere wakes the caller within milliseconds (``benchmarks/results/faults.md``); gloo
+cannot be woken any other way. A collective still waiting after ``check_after`` seconds
+adds its signature to the same gate counter, so a rank in a different sync is found (the
+slow path; free when fast), and takes it back once done: the last to leave deletes it.
+
+**Threads**: syncs run on the main thread only (``check_thread``).
 
 **Timeouts**: on expiry the rank asks every member what it is doing (its tether call and
 stack, answered by its listener), posts a timeout record naming the ranks that had not
@@ -36,22 +41,21 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
-import socket
 import threading
 import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
 
-from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
+from ..errors import BackendError, TetherError
 from .context import Context
+from .group import Group, tag
 from .hooks import SignalStop
-from .record import KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
+from .record import error_from_record
+from .verdicts import expire, explain_backend_error, failure_behind_stop, mismatch, warn_stall
 from .watchdog import ABORT, EXPIRED
 
 log = logging.getLogger("tether")
@@ -59,15 +63,6 @@ log = logging.getLogger("tether")
 _COUNT_BITS = 20
 _COUNT_MASK = (1 << _COUNT_BITS) - 1
 _HASH_MASK = (1 << 22) - 1
-
-
-@dataclass(frozen=True)
-class Group:
-    """The members of one sync: ``key`` names its sequence of syncs on the store."""
-
-    key: str
-    members: tuple[int, ...]
-    pg: Any = None  # the torch ProcessGroup for collectives; None is the default group
 
 
 def signature_hash(signature: str) -> int:
@@ -115,10 +110,6 @@ def check_thread(call: str) -> None:
         )
 
 
-def _tag(group: Group, seq: int) -> str:
-    return f"[sync #{seq} on {group.key}]"
-
-
 # --- store gates ------------------------------------------------------------------------
 
 
@@ -143,7 +134,7 @@ def gate(
     """
     assert ctx.store is not None and ctx.channel is not None and ctx.watchdog is not None
     seq = ctx.next_seq(group.key)
-    call = f"{signature} {_tag(group, seq)}"
+    call = f"{signature} {tag(group, seq)}"
     base = ctx.channel.key("sync", group.key, seq)
     h = signature_hash(signature)
     if failed is not None:
@@ -164,7 +155,7 @@ def gate(
             raise ctx.watchdog.taken(ctx.watchdog.store_lost(exc)) from exc
         count = value & _COUNT_MASK
         if value >> _COUNT_BITS != count * h:
-            raise ctx.watchdog.taken(_mismatch(ctx, group, signature))
+            raise ctx.watchdog.taken(mismatch(ctx, group, signature))
         if role == "leader" or (role == "member" and count == len(group.members)):
             status = ctx.store.compare_set(base + "/go", "", "ok").decode()
         else:
@@ -217,7 +208,7 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
         key=key,
         deadline=None if timeout is None else start + timeout,
         stall_at=start + ctx.settings.warn_after,
-        on_stall=lambda: _warn_stall(ctx, group, seq, signature, time.monotonic() - start),
+        on_stall=lambda: warn_stall(ctx, group, seq, signature, time.monotonic() - start),
     )
     try:
         try:
@@ -225,7 +216,7 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
         except dist.DistNetworkError as exc:
             raise ctx.watchdog.taken(ctx.watchdog.store_lost(exc)) from exc
         if status == EXPIRED and timeout is not None:
-            raise ctx.watchdog.taken(_expire(ctx, group, seq, signature, timeout))
+            raise ctx.watchdog.taken(expire(ctx, group, seq, signature, timeout))
         if status == ABORT:
             ctx.watchdog.check()
         return str(status)
@@ -240,7 +231,7 @@ def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: fl
     """Wait for an async collective; return when it is done, raise when a failure is known."""
     assert ctx.watchdog is not None
     seq = ctx.next_seq(group.key)
-    with in_call(ctx, f"{signature} {_tag(group, seq)}"):
+    with in_call(ctx, f"{signature} {tag(group, seq)}"):
         if not _fast_wait(ctx, work):
             done = threading.Event()
             work.get_future().add_done_callback(lambda _: done.set())
@@ -250,7 +241,7 @@ def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: fl
         except RuntimeError as exc:
             if isinstance(exc, TetherError):
                 raise
-            raise ctx.watchdog.taken(_explain_backend_error(ctx, group, exc)) from exc
+            raise ctx.watchdog.taken(explain_backend_error(ctx, group, exc)) from exc
 
 
 _FAST = datetime.timedelta(milliseconds=5)
@@ -296,10 +287,10 @@ def _wait_event(
                 checked = True
                 added = _check_signature(ctx, group, seq, signature)
             if timeout is not None and elapsed >= timeout:
-                raise ctx.watchdog.taken(_expire(ctx, group, seq, signature, timeout))
+                raise ctx.watchdog.taken(expire(ctx, group, seq, signature, timeout))
             if not warned and elapsed >= ctx.settings.warn_after:
                 warned = True
-                _warn_stall(ctx, group, seq, signature, elapsed)
+                warn_stall(ctx, group, seq, signature, elapsed)
     finally:
         ctx.watchdog.end_wait()
         if added:
@@ -321,7 +312,7 @@ def _check_signature(ctx: Context, group: Group, seq: int, signature: str) -> in
     except dist.DistNetworkError as exc:
         raise ctx.watchdog.taken(ctx.watchdog.store_lost(exc)) from exc
     if value >> _COUNT_BITS != (value & _COUNT_MASK) * h:
-        raise ctx.watchdog.taken(_mismatch(ctx, group, signature))
+        raise ctx.watchdog.taken(mismatch(ctx, group, signature))
     return amount
 
 
@@ -331,150 +322,3 @@ def _uncheck(ctx: Context, group: Group, seq: int, amount: int) -> None:
     with contextlib.suppress(dist.DistError):
         if int(ctx.store.add(key, -amount)) == 0:
             ctx.store.delete_key(key)
-
-
-# --- failure paths --------------------------------------------------------------------
-
-
-def _first_line(where: str) -> str:
-    return where.splitlines()[0].removeprefix("in ") if where else "?"
-
-
-def post_and_pick(ctx: Context, record: FailureRecord, own: TetherError) -> TetherError:
-    """Post ``record``; return ``own`` if it is the root cause, else the root cause's error."""
-    assert ctx.channel is not None and ctx.watchdog is not None
-    posted = ctx.channel.post(record)
-    root = ctx.channel.root_cause()
-    error = own if root is None or root.seq == posted.seq else error_from_record(root)
-    ctx.watchdog.deliver(error, None)
-    return ctx.watchdog.failure or error
-
-
-def _expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float) -> TetherError:
-    assert ctx.channel is not None and ctx.watchdog is not None and ctx.store is not None
-    if ctx.watchdog.failure is not None:
-        return ctx.watchdog.failure
-    # Only the first member to expire asks the others where they are (one query, not N):
-    # the rest take the record it posts.
-    if int(ctx.store.add(ctx.channel.key("sync", group.key, seq, "expired"), 1)) > 1:
-        failure = ctx.watchdog.wait_for_failure(ctx.settings.answer_within + 2.0)
-        if failure is not None:
-            return failure
-    me = ctx.channel.rank
-    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
-    tag = _tag(group, seq)
-    missing = [r for r in group.members if r != me and tag not in answers.get(r, "").split("\n", 1)[0]]
-    where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
-    call = f"{signature} on {group.key}"
-    own = SyncTimeout(call, timeout, missing, where)
-    record = FailureRecord(
-        rank=me,
-        kind=KIND_TIMEOUT,
-        exc_type="SyncTimeout",
-        message=str(own).splitlines()[0],
-        where=f"{signature} {tag}",
-        time=time.time(),
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        reporter=me,
-        detail={"call": call, "timeout": timeout, "missing": missing, "whereabouts": where},
-    )
-    own.record = record
-    return post_and_pick(ctx, record, own)
-
-
-def _mismatch(ctx: Context, group: Group, signature: str) -> TetherError:
-    assert ctx.channel is not None and ctx.watchdog is not None
-    if ctx.watchdog.failure is not None:
-        return ctx.watchdog.failure
-    me = ctx.channel.rank
-    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
-    calls = {r: _first_line(answers[r]) if r in answers else "no answer" for r in group.members if r != me}
-    calls[me] = signature
-    own = SyncMismatch(calls)
-    record = FailureRecord(
-        rank=me,
-        kind=KIND_MISMATCH,
-        exc_type="SyncMismatch",
-        message=str(own),
-        where=signature,
-        time=time.time(),
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        reporter=me,
-        detail={"calls": {str(k): v for k, v in calls.items()}},
-    )
-    own.record = record
-    return post_and_pick(ctx, record, own)
-
-
-def _warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: float) -> None:
-    assert ctx.channel is not None
-    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
-    lines = [f"tether: rank {ctx.channel.rank} has waited {elapsed:.0f} s in {signature} on {group.key}:"]
-    for r in group.members:
-        if r != ctx.channel.rank:
-            lines.append(f"  rank {r}: {answers.get(r, 'no answer: frozen, dead, or holding the GIL')}")
-    log.warning("\n".join(lines))
-
-
-def _explain_backend_error(ctx: Context, group: Group, exc: RuntimeError) -> TetherError:
-    """Turn a backend error ("Connection closed by peer") into the failure behind it.
-
-    A peer that raised has posted its record before its process ended, so it is usually
-    here already. A peer that was killed has not: the ranks that do not answer a
-    whereabouts query within ``answer_within`` are posted as lost.
-    """
-    assert ctx.watchdog is not None and ctx.channel is not None
-    failure = ctx.watchdog.wait_for_failure(0.2)
-    if failure is not None:
-        return failure
-    try:
-        answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
-    except dist.DistNetworkError as lost:
-        return ctx.watchdog.store_lost(lost)
-    if ctx.watchdog.failure is not None:
-        return ctx.watchdog.failure
-    silent = [r for r in group.members if r != ctx.channel.rank and r not in answers]
-    if not silent:
-        return BackendError(f"{type(exc).__name__}: {exc}")
-    record = lost_record(
-        silent[0], f"its process stopped answering (the backend said: {str(exc).splitlines()[0]})", ctx.channel.rank
-    )
-    return post_and_pick(ctx, record, PeerLost(record))
-
-
-def failure_behind_stop(ctx: Context) -> TetherError | None:
-    """The peer failure that explains a SIGTERM, or None when the stop is this rank's own.
-
-    torchrun's agent SIGTERMs every other worker 0.1 s after one worker's process ended.
-    A judge's sweep of this host's ranks (from /proc, milliseconds) finds a rank that
-    died without a word; for ranks on other hosts a whereabouts query does: a rank that
-    neither answers within ``answer_within`` nor left cleanly is posted as lost. Runs on
-    the main thread after the signal's exception left the handler, never inside it.
-    """
-    watchdog, channel = ctx.watchdog, ctx.channel
-    if watchdog is None or channel is None:
-        return None
-    try:
-        if watchdog.failure is not None or watchdog.sweep() is not None:
-            return watchdog.failure
-        answers = channel.ask_whereabouts(range(channel.world_size), ctx.settings.answer_within)
-        if watchdog.failure is not None:
-            return watchdog.failure
-        silent = [
-            r for r in range(channel.world_size) if r != channel.rank and r not in answers and channel.done(r) is None
-        ]
-        if not silent:
-            return None
-        record = lost_record(
-            silent[0],
-            "its process stopped answering (this rank got SIGTERM, as a launcher sends once a worker died)",
-            channel.rank,
-        )
-        return post_and_pick(ctx, record, error_from_record(record))
-    except dist.DistNetworkError as err:  # the store's host died: that is the failure behind the stop
-        return watchdog.store_lost(err)
-    except Exception as err:  # another failure: the stop stays this rank's own
-        log.warning("tether: could not tell whether a peer's failure caused this SIGTERM: %s", err)
-        return watchdog.failure

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from ..errors import ExitCode, PeerLost, TetherError
-from .channel import Channel
+from .channel import ROOT_WAIT, Channel
 from .liveness import NodeWatch, PeerJudge
 from .record import FailureRecord, error_from_record
 
@@ -246,7 +246,9 @@ class Watchdog:
         """Judge this host's ranks now, on the caller's thread; the failure found, if any."""
         if self.judge is not None:
             client = self.channel.client()
-            self.post_and_deliver(self.judge.check(client), client)
+            self.post_and_deliver(self.judge.check(client, now=True), client)
+            if self.judge.lost and self.failure is None:  # another judge won the claim: its post is coming
+                self.wait_for_failure(ROOT_WAIT)
         return self.failure
 
     def _on_fail(self, client: Store) -> None:

@@ -1,0 +1,80 @@
+"""This rank's own failure: posting it once, waking its main thread, torchelastic's error file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+from ..errors import TetherError
+from . import context
+from .context import Context
+from .hooks import SignalStop, is_success
+from .record import FailureRecord, error_from_record
+from .verdicts import failure_behind_stop
+
+log = logging.getLogger("tether")
+
+
+def report_failure(exc: BaseException) -> BaseException | None:
+    """Post this rank's own failure once, and write torchelastic's error file.
+
+    ``sys.exit(0)`` is no failure. A tether error is a consequence of a failure already
+    posted: it is not posted again, and the error file names the root cause. A SIGTERM
+    (``SignalStop``) that another rank's failure explains is a consequence too: that
+    failure is returned (see ``_failure_behind_stop``).
+    """
+    ctx = context.peek()
+    if ctx is None or ctx.channel is None or is_success(exc):
+        return None
+    if isinstance(exc, SignalStop) and not any(seen is exc for seen, _ in ctx.posted):
+        behind = failure_behind_stop(ctx)
+        if behind is not None:
+            report_failure(behind)
+            return behind
+    where = ctx.watchdog.current_call if ctx.watchdog is not None and ctx.watchdog.current_call else "user code"
+    try:
+        if isinstance(exc, TetherError):
+            ctx.channel.mark_done("failed")
+            _write_error_file(ctx.error_file, exc, ctx.channel.root_cause(), victim=True)
+        else:
+            record = ctx.post_own(exc, where)
+            _write_error_file(ctx.error_file, exc, record, victim=False)
+            if record is not None and threading.current_thread() is not threading.main_thread():
+                _wake_main_thread(ctx, record)
+    except Exception as err:
+        # the store may be gone (its host died): then this line is the only trace of why
+        log.warning("tether: could not post this rank's failure (%s: %s): %s", type(exc).__name__, exc, err)
+    return None
+
+
+def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
+    """A thread of this rank failed: stop the main thread's wait too, as every peer's.
+
+    The post wakes only the other ranks; without this, the main thread would wait for
+    peers that have all stopped because of this very failure.
+    """
+    assert ctx.watchdog is not None and ctx.channel is not None
+    ctx.watchdog.deliver(error_from_record(record), ctx.channel.client())
+
+
+def _write_error_file(path: str | None, exc: BaseException, record: FailureRecord | None, victim: bool) -> None:
+    """torchelastic's error file, so torchrun's "Root Cause" names the true failing rank.
+
+    Written here rather than with torch's ``ErrorHandler.record_exception``, which stamps
+    the current time and the caller's own exception: torchrun picks the failure with the
+    smallest timestamp (whole seconds, ties to the lowest rank), so a victim must write the
+    root cause's time + 1 and the root cause's story, which that API cannot express.
+    """
+    if path is None or (victim and os.path.exists(path)):  # never cover this rank's own failure
+        return
+    stamp = int(record.time if record is not None and record.time else time.time()) + (1 if victim else 0)
+    message = f"{type(exc).__name__}: {exc}" if victim or record is None else record.headline
+    extra = {"timestamp": str(stamp)}
+    if not victim and record is not None and record.traceback:
+        extra["py_callstack"] = record.traceback  # without it, torchrun's summary shows the message
+    data = {"message": {"message": message, "extraInfo": extra}}
+    with open(path, "w") as fp:
+        json.dump(data, fp)

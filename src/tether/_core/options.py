@@ -1,0 +1,56 @@
+"""tether's own settings, and how a process came to be (which tells who judges its liveness)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .context import SyncSettings
+from .watchdog import WatchdogConfig
+
+_OPTIONS = {"heartbeat", "lost_after", "grace", "sync_timeout", "warn_after"}
+
+
+@dataclass(frozen=True)
+class Options:
+    """tether's own settings, taken from ``initialize``/``spawn`` keyword arguments."""
+
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    sync: SyncSettings = field(default_factory=SyncSettings)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], store_host: int) -> Options:
+        unknown = set(kwargs) - _OPTIONS
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {sorted(unknown)}")
+        w, s = WatchdogConfig(), SyncSettings()
+        return cls(
+            WatchdogConfig(
+                heartbeat=float(kwargs.get("heartbeat", w.heartbeat)),
+                lost_after=float(kwargs.get("lost_after", w.lost_after)),
+                grace=kwargs.get("grace", w.grace),
+                store_host=store_host,
+            ),
+            SyncSettings(
+                timeout=kwargs.get("sync_timeout", s.timeout), warn_after=float(kwargs.get("warn_after", s.warn_after))
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How this process came to be: who judges its liveness, whether tether may end it."""
+
+    owned: bool  # a tether.spawn worker, or under torchrun/srun: an uncaught failure ends it
+    judge_peers: bool  # judge the other ranks of this host (not under tether.spawn: its launcher does)
+    node_beats: bool = True  # beat this node's heartbeat (under tether.spawn the launcher does)
+
+
+def to_timedelta(timeout: object) -> datetime.timedelta | None:
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        return timeout
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+        return datetime.timedelta(seconds=timeout)
+    raise ValueError(f"timeout must be a datetime.timedelta or a positive number of seconds, got {timeout!r}")

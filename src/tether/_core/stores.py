@@ -1,0 +1,41 @@
+"""Stores the failure channel can live on, for jobs whose own store cannot carry it."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import socket
+
+from torch._C._distributed_c10d import Store, TCPStore
+
+
+def channel_beside(
+    store: Store, job_id: str, rank: int, world_size: int, timeout: datetime.timedelta
+) -> tuple[Store, TCPStore | None]:
+    """A TCPStore for the failure channel of a job whose own store has no queues (a FileStore).
+
+    Rank 0 hosts it on a free port and publishes ``host:port`` on ``store``; the others
+    read it there (a blocking ``get``, bounded by the store's timeout) and connect.
+    Returns the channel's store and the server object to keep alive (rank 0).
+    """
+    gen = int(store.add(f"tether/{job_id}/addr-inc/{rank}", 1))
+    key = f"tether/{job_id}/{gen}/channel-address"
+    if rank == 0:
+        server = TCPStore(reachable_address(), 0, world_size, True, timeout=timeout, wait_for_workers=False)
+        store.set(key, f"{reachable_address()}:{server.port}")
+        return server, server
+    host, _, port = store.get(key).decode().rpartition(":")
+    return TCPStore(host, int(port), world_size, False, timeout=timeout), None
+
+
+def reachable_address() -> str:
+    """This host's address as other hosts can reach it (loopback when it cannot be resolved)."""
+    with contextlib.suppress(OSError):
+        return socket.gethostbyname(socket.gethostname())
+    return "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,166 @@
+"""What a wait that did not end well means: the failure behind a timeout, a mismatch, a
+backend error or a launcher's SIGTERM, posted once so that every rank raises the same.
+
+Each function returns the exception the caller raises. When another failure was posted
+first it returns that one instead (``post_and_pick``): the root cause is always record 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+import torch.distributed as dist
+
+from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
+from .context import Context
+from .group import Group, tag
+from .record import KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
+
+log = logging.getLogger("tether")
+
+
+def _first_line(where: str) -> str:
+    return where.splitlines()[0].removeprefix("in ") if where else "?"
+
+
+def post_and_pick(ctx: Context, record: FailureRecord, own: TetherError) -> TetherError:
+    """Post ``record``; return ``own`` if it is the root cause, else the root cause's error."""
+    assert ctx.channel is not None and ctx.watchdog is not None
+    posted = ctx.channel.post(record)
+    root = ctx.channel.root_cause()
+    error = own if root is None or root.seq == posted.seq else error_from_record(root)
+    ctx.watchdog.deliver(error, None)
+    return ctx.watchdog.failure or error
+
+
+def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float) -> TetherError:
+    assert ctx.channel is not None and ctx.watchdog is not None and ctx.store is not None
+    if ctx.watchdog.failure is not None:
+        return ctx.watchdog.failure
+    # Only the first member to expire asks the others where they are (one query, not N):
+    # the rest take the record it posts.
+    if int(ctx.store.add(ctx.channel.key("sync", group.key, seq, "expired"), 1)) > 1:
+        failure = ctx.watchdog.wait_for_failure(ctx.settings.answer_within + 2.0)
+        if failure is not None:
+            return failure
+    me = ctx.channel.rank
+    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    label = tag(group, seq)
+    missing = [r for r in group.members if r != me and label not in answers.get(r, "").split("\n", 1)[0]]
+    where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
+    call = f"{signature} on {group.key}"
+    own = SyncTimeout(call, timeout, missing, where)
+    record = FailureRecord(
+        rank=me,
+        kind=KIND_TIMEOUT,
+        exc_type="SyncTimeout",
+        message=str(own).splitlines()[0],
+        where=f"{signature} {label}",
+        time=time.time(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        reporter=me,
+        detail={"call": call, "timeout": timeout, "missing": missing, "whereabouts": where},
+    )
+    own.record = record
+    return post_and_pick(ctx, record, own)
+
+
+def mismatch(ctx: Context, group: Group, signature: str) -> TetherError:
+    assert ctx.channel is not None and ctx.watchdog is not None
+    if ctx.watchdog.failure is not None:
+        return ctx.watchdog.failure
+    me = ctx.channel.rank
+    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    calls = {r: _first_line(answers[r]) if r in answers else "no answer" for r in group.members if r != me}
+    calls[me] = signature
+    own = SyncMismatch(calls)
+    record = FailureRecord(
+        rank=me,
+        kind=KIND_MISMATCH,
+        exc_type="SyncMismatch",
+        message=str(own),
+        where=signature,
+        time=time.time(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        reporter=me,
+        detail={"calls": {str(k): v for k, v in calls.items()}},
+    )
+    own.record = record
+    return post_and_pick(ctx, record, own)
+
+
+def warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: float) -> None:
+    assert ctx.channel is not None
+    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    lines = [f"tether: rank {ctx.channel.rank} has waited {elapsed:.0f} s in {signature} on {group.key}:"]
+    for r in group.members:
+        if r != ctx.channel.rank:
+            lines.append(f"  rank {r}: {answers.get(r, 'no answer: frozen, dead, or holding the GIL')}")
+    log.warning("\n".join(lines))
+
+
+def explain_backend_error(ctx: Context, group: Group, exc: RuntimeError) -> TetherError:
+    """Turn a backend error ("Connection closed by peer") into the failure behind it.
+
+    A peer that raised has posted its record before its process ended, so it is usually
+    here already. A peer that was killed has not: the ranks that do not answer a
+    whereabouts query within ``answer_within`` are posted as lost.
+    """
+    assert ctx.watchdog is not None and ctx.channel is not None
+    failure = ctx.watchdog.wait_for_failure(0.2)
+    if failure is not None:
+        return failure
+    try:
+        answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    except dist.DistNetworkError as lost:
+        return ctx.watchdog.store_lost(lost)
+    if ctx.watchdog.failure is not None:
+        return ctx.watchdog.failure
+    silent = [r for r in group.members if r != ctx.channel.rank and r not in answers]
+    if not silent:
+        return BackendError(f"{type(exc).__name__}: {exc}")
+    record = lost_record(
+        silent[0], f"its process stopped answering (the backend said: {str(exc).splitlines()[0]})", ctx.channel.rank
+    )
+    return post_and_pick(ctx, record, PeerLost(record))
+
+
+def failure_behind_stop(ctx: Context) -> TetherError | None:
+    """The peer failure that explains a SIGTERM, or None when the stop is this rank's own.
+
+    torchrun's agent SIGTERMs every other worker 0.1 s after one worker's process ended.
+    A judge's sweep of this host's ranks (from /proc, milliseconds) finds a rank that
+    died without a word; for ranks on other hosts a whereabouts query does: a rank that
+    neither answers within ``answer_within`` nor left cleanly is posted as lost. Runs on
+    the main thread after the signal's exception left the handler, never inside it.
+    """
+    watchdog, channel = ctx.watchdog, ctx.channel
+    if watchdog is None or channel is None:
+        return None
+    try:
+        if watchdog.failure is not None or watchdog.sweep() is not None:
+            return watchdog.failure
+        answers = channel.ask_whereabouts(range(channel.world_size), ctx.settings.answer_within)
+        if watchdog.failure is not None:
+            return watchdog.failure
+        silent = [
+            r for r in range(channel.world_size) if r != channel.rank and r not in answers and channel.done(r) is None
+        ]
+        if not silent:
+            return None
+        record = lost_record(
+            silent[0],
+            "its process stopped answering (this rank got SIGTERM, as a launcher sends once a worker died)",
+            channel.rank,
+        )
+        return post_and_pick(ctx, record, error_from_record(record))
+    except dist.DistNetworkError as err:  # the store's host died: that is the failure behind the stop
+        return watchdog.store_lost(err)
+    except Exception as err:  # another failure: the stop stays this rank's own
+        log.warning("tether: could not tell whether a peer's failure caused this SIGTERM: %s", err)
+        return watchdog.failure
