@@ -8,6 +8,7 @@ with the regular expressions of ignite's own tests (``tests/ignite/distributed``
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -213,3 +214,28 @@ def test_proxy_sampler_follows_ignites_order() -> None:
         for share in shares:
             share.set_epoch(seed)
         assert {i for share in shares for i in share} == drawn
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_spawn_workers_get_ignites_environment_on_the_master_port_given() -> None:
+    from _harness import free_port
+
+    port = free_port()
+    res = python("fidelity_env.py", bound=JOB_BOUND, env={"MASTER_PORT": str(port), "MASTER_ADDR": "127.0.0.1"})
+    assert_ended(res, JOB_BOUND)
+    assert res.returncode == 0, tail(res)
+    seen = sorted((json.loads(line[4:]) for line in res.stdout.splitlines() if line.startswith("ENV ")), key=str)
+    assert len(seen) == 2, tail(res)
+    for env in seen:
+        r = env["rank"]
+        assert env == {
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),  # the launcher hosted the store on the port the environment named
+            "rank": r,
+            "local_rank": r,
+        }, env
+    assert_no_leftovers(res)

@@ -269,3 +269,31 @@ def test_ranks_that_exit_without_finalize_end_cleanly_every_time() -> None:
     noise = [line for line in res.stdout.splitlines() if line.startswith("STDERR ")]
     assert noise == [], "\n".join(noise[:40])  # no SIGABRT story, no store warning, no traceback
     assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
+def test_a_main_thread_holding_the_gil_is_still_ended_by_the_ladder_s_last_rung(tmp_path: Path) -> None:
+    res = python("lifecycle_ladder.py", "gil", str(tmp_path / "failed-at"), bound=60)
+    assert res.returncode == 0, tail(res)
+    events = [json.loads(line[3:]) for line in res.stdout.splitlines() if line.startswith("LC ")]
+    (launcher,) = [e for e in events if e["event"] == "launcher"]
+    # rank 0 could not run a Python thread: SIGALRM's default action ended it (exit status -14), not the job's bound
+    assert launcher["codes"] == {"0": -14, "1": 1}, tail(res)
+    assert launcher["after"] < 1.0 + 1.0 + 2.5, tail(res)  # grace + 1 s, plus the launcher's reaping
+    assert "Timeout (0:00:01.500000)!" in res.stderr, tail(res)  # faulthandler's dump of the stuck stacks
+    assert "Root cause: rank 1 failed: ValueError: bad 0.1" in res.stderr, tail(res)
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
+def test_syncs_called_off_the_main_thread_raise_at_once_on_every_rank() -> None:
+    res = python("lifecycle_ladder.py", "thread", bound=60)
+    assert res.returncode == 0, tail(res)
+    events = [json.loads(line[3:]) for line in res.stdout.splitlines() if line.startswith("LC ")]
+    threads = {e["rank"]: e for e in events if e["event"] == "thread"}
+    assert sorted(threads) == [0, 1], tail(res)
+    for e in threads.values():
+        for name in ("barrier", "all_reduce"):
+            assert re.match(r"RuntimeError after 0\.0\d\d s: .* main thread only", e[name]), e
+    assert sorted(e["sum"] for e in events if e["event"] == "main") == [2, 2], tail(res)
+    assert res.leftovers == []

@@ -393,9 +393,6 @@ def finalize() -> None:
     finally:
         clean = clean and not ctx.failed
         retire(ctx)
-        if clean and ctx.hosts_store and ctx.store is not None:
-            with contextlib.suppress(Exception):
-                ctx.store.set(ctx.channel.key("left", "closing"), "1")  # the others may go: it closes now
         if ctx.owns_group:
             ctx.backend.shutdown(clean)
         elif clean and dist.is_initialized() and dist.group.WORLD is ctx.pg:
@@ -407,20 +404,28 @@ def finalize() -> None:
 def _leave(ctx: Context) -> None:
     """Record this rank's clean exit; the store's host waits for every rank's.
 
-    When a rank hosts the store, the others also wait (up to 5 s) until the host is about
-    to close it: a next ``initialize`` on the same port must reach the new store, not the
-    old one on its way out (torch logs a warning for every such reconnect).
+    When a rank hosts the store, the others stop their watchdog threads while the store is
+    still there, then wait (up to 5 s) until the host is about to close it and say they
+    have seen that; the host waits (up to 2 s) for those acknowledgements. So no tether
+    connection is in use when the store closes (torch logs a warning for each that is),
+    and a next ``initialize`` on the same port never reaches the old store on its way out.
     """
     assert ctx.channel is not None and ctx.store is not None and ctx.watchdog is not None
-    done = ctx.channel.key("left", "all")
+    done, closing, seen = (ctx.channel.key("left", k) for k in ("all", "closing", "seen"))
     if ctx.channel.leave() == ctx.channel.world_size:
         ctx.store.set(done, "1")
     if ctx.hosts_store:
         while ctx.watchdog.failure is None:  # the host outlives the job, or its store would vanish
             if wait_keys(ctx.store, [done], 0.5, step=0.01):
-                return
-    elif ctx.owns_group and ctx.watchdog.config.store_host >= 0:
-        wait_keys(ctx.store, [ctx.channel.key("left", "closing")], 5.0, step=0.005)
+                break
+        ctx.store.set(closing, "1")
+        deadline = time.monotonic() + 2.0
+        while int(ctx.store.add(seen, 0)) < ctx.channel.world_size - 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    elif ctx.watchdog.config.store_host >= 0:
+        retire(ctx)
+        if wait_keys(ctx.store, [closing], 5.0, step=0.005):
+            ctx.store.add(seen, 1)
 
 
 def sync(temporary: bool = False) -> None:

@@ -141,8 +141,11 @@ class Watchdog:
     def stop(self, announce: bool = False) -> None:
         """Stop the threads and disarm the ladder; ``announce`` tells every rank this group retires.
 
-        Bounded: about 1 s at worst (threads are joined with a timeout).
+        Bounded: about 1 s at worst (threads are joined with a timeout). A second call
+        does nothing.
         """
+        if self._stop.is_set():
+            return
         self.disarm()
         self._retiring.set()
         with contextlib.suppress(Exception):  # the store may be gone: the threads end on their errors
