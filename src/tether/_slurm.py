@@ -4,7 +4,7 @@
 (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, the node list...), in its own
 names. ``torchrun_vars`` translates them into the names ``_env.from_torchrun`` reads
 (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-MASTER_PORT). Nothing here reads or writes ``os.environ``: ``launch.initialize`` merges
+MASTER_PORT). Nothing here reads or writes ``os.environ``: ``runtime.initialize`` merges
 the result into its own copy of the environment.
 
 Rules:

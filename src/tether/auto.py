@@ -4,7 +4,7 @@ ignite's helpers, for the native ``torch.distributed`` backends (tether has no X
 Horovod). They read the job from tether's context and never sync by themselves, except
 ``DistributedDataParallel``'s constructor, which broadcasts rank 0's parameters with a
 raw collective: a peer that fails meanwhile is noticed by the watchdog, which ends a
-rank stuck there after its grace period (see ``watchdog.py``).
+rank stuck there after its grace period (see ``_core/watchdog.py``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ same failures surfaced from torch.distributed as ``RuntimeError`` ("Connection c
 peer"), so code that already handles them keeps doing so. A caller that swallows a
 ``PeerFailure`` with ``except Exception`` does not break the promise: the failure stays
 recorded, every later tether call raises it again at once, and the watchdog ends the
-process after its grace period if the rank keeps running (see ``watchdog.py``).
+process after its grace period if the rank keeps running (see ``_core/watchdog.py``).
 
 The rank whose code raised is never handed a tether exception for its own failure: its
 original exception propagates unchanged, and only the *other* ranks see ``PeerFailure``.

@@ -85,7 +85,10 @@ def spawn(
             127.0.0.1 and a free port; give the port when ``nnodes > 1``).
         init_method: "tcp://HOST:PORT", instead of master_addr/master_port.
         timeout: torch's process-group timeout (timedelta or seconds).
-        start_method: "spawn" (default), "fork" or "forkserver".
+        start_method: "spawn" (default; "fork" for a function defined without a file,
+            such as in a notebook), "fork" or "forkserver".
+        join: True (the default, and the only value: the launcher supervises its workers).
+        daemon: start the workers as daemonic processes (default False, as torch's).
         heartbeat, lost_after, grace, sync_timeout, warn_after: see ``initialize``.
 
     Raises:
@@ -111,6 +114,14 @@ def spawn(
         )
     timeout = to_timedelta(kwargs.pop("timeout", None))
     start_method = _start_method(fn, kwargs.pop("start_method", None))
+    if kwargs.pop("join", True) is not True:
+        raise ValueError(
+            "spawn: join=False is not supported: tether's launcher supervises its workers until they end "
+            "(run spawn in a thread of your own to do something else meanwhile)"
+        )
+    daemon = kwargs.pop("daemon", False)
+    if not isinstance(daemon, bool):
+        raise ValueError(f"spawn: daemon must be a bool, got {daemon!r}")
     options = Options.from_kwargs(kwargs, store_host=-1)
     world = nnodes * nproc
     store, addr = _job_store(addr, port, world, node_rank, shared_file)
@@ -122,7 +133,7 @@ def spawn(
         topo = Topology(node_rank * nproc + local, world, local, nproc, nnodes, node_rank)
         spec = _WorkerSpec(backend, topo, addr, store.port, timeout, options, os.getpid())
         procs[local] = mp.Process(
-            target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}"
+            target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}", daemon=daemon
         )
     _Supervisor(channel, procs, node_rank * nproc, options, node_rank == 0, nnodes).run()
 

@@ -1,7 +1,7 @@
 """The control-plane syncs: ``barrier``, ``one_rank_first`` and ``one_rank_only``.
 
 Each validates its arguments first (the same error on every rank, before any
-communication), then runs one store gate (see ``waits.py``). The working rank of
+communication), then runs one store gate (see ``_core/waits.py``). The working rank of
 ``one_rank_first``/``one_rank_only`` always takes part, in ``finally``: when its block
 raises, it posts the failure and marks the gate "failed", so every other rank raises
 ``PeerFailure`` instead of entering its block, while the working rank's own exception

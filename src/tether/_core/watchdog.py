@@ -55,7 +55,7 @@ from torch._C._distributed_c10d import Store
 from ..errors import ExitCode, PeerLost, TetherError
 from .channel import ROOT_WAIT, Channel
 from .liveness import NodeWatch, PeerJudge
-from .record import FailureRecord, error_from_record
+from .record import FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
 
@@ -264,12 +264,9 @@ class Watchdog:
         """The store's host vanished: that is this rank's failure (unless one is known)."""
         host = self.config.store_host
         who = f"rank {host} (store host)" if host >= 0 else "the launcher hosting the store"
-        record = FailureRecord(
-            rank=host,
-            kind="lost",
-            exc_type="StoreLost",
-            message=f"{who} lost: the store closed its connection ({str(exc).splitlines()[0] if str(exc) else exc})",
-            reporter=self.channel.rank,
+        cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        record = lost_record(
+            host, f"{who} lost: the store closed its connection ({cause})", self.channel.rank, exc_type="StoreLost"
         )
         self.deliver(PeerLost(record), None)
         return self.failure or PeerLost(record)
