@@ -112,3 +112,22 @@ def test_topology_rejects_impossible_places() -> None:
         Topology(rank=2, world_size=2)
     with pytest.raises(ValueError, match=r"local rank must be in \[0, nproc_per_node\)"):
         Topology(rank=0, world_size=2, local_rank=1, nproc_per_node=1)
+
+
+def test_an_adopted_group_learns_its_nodes_from_hostnames() -> None:
+    from torch._C._distributed_c10d import HashStore
+
+    from tether._core.placement import local_from_hostnames
+
+    store = HashStore()
+    hosts = ["a", "a", "b", "b"]
+    for r in (0, 1, 3):  # the other ranks have said where they run
+        store.set(f"p/host/{r}", hosts[r])
+    assert local_from_hostnames(store, "p/", 2, 4, host="b") == (0, 2)
+    assert local_from_hostnames(store, "p/", 1, 4, host="a") == (1, 2)
+    store.set("q/host/0", "a")
+    store.set("q/host/1", "b")
+    store.set("q/host/2", "a")  # not laid out node by node: one node of 4 is assumed
+    assert local_from_hostnames(store, "q/", 3, 4, host="b") == (3, 4)
+    # a rank that never says where it runs: after the wait, one node is assumed
+    assert local_from_hostnames(store, "r/", 0, 2, host="a", within=0.05) == (0, 2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tether import _slurm
-from tether._core.runtime import _launch_env
+from tether._core.placement import read_launch_env as _launch_env
 from tether._env import from_torchrun
 
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
 
 from .. import _slurm
-from .._env import LaunchEnv, Topology, file_path, from_torchrun, interactive, parse_init_method
+from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
 from . import context
 from .channel import Channel, clone, generation, has_queues, wait_keys
@@ -49,7 +49,8 @@ from .failures import report_failure
 from .hooks import Hooks
 from .liveness import HostJudge, NodeWatch
 from .options import Launch, Options, to_timedelta
-from .stores import channel_beside, free_port
+from .placement import adopted_topology, read_launch_env
+from .stores import channel_beside
 from .watchdog import Watchdog, WatchdogConfig
 
 log = logging.getLogger("tether")
@@ -170,7 +171,7 @@ def initialize(backend: str, **kwargs: Any) -> None:
     rank, world_size = kwargs.pop("rank", None), kwargs.pop("world_size", None)
     env = dict(os.environ)
     path = file_path(init_method)
-    launch_env = _launch_env(env, init_method, rank, world_size)
+    launch_env = read_launch_env(env, init_method, rank, world_size)
     store_host = -1 if launch_env.use_agent_store else 0
     options = Options.from_kwargs(kwargs, store_host)
     if context.peek() is not None:
@@ -218,33 +219,6 @@ def initialize(backend: str, **kwargs: Any) -> None:
     )
 
 
-def _launch_env(env: dict[str, str], init_method: str | None, rank: Any, world_size: Any) -> LaunchEnv:
-    address = parse_init_method(init_method)
-    if _slurm.applies(env):  # srun: SLURM's variables, translated and checked (see _slurm)
-        if rank is not None or world_size is not None:
-            raise ValueError("initialize: rank= and world_size= must not be given under SLURM: srun sets them")
-        env = {**env, **_slurm.torchrun_vars(env)}
-    if rank is not None or world_size is not None:
-        if not isinstance(rank, int) or not isinstance(world_size, int):
-            raise ValueError(
-                "Both rank and world_size should be provided, as int (initialize: got "
-                f"rank={rank!r}, world_size={world_size!r})"
-            )
-        env = {**env, "RANK": str(rank), "WORLD_SIZE": str(world_size)}
-        if "LOCAL_RANK" not in env:
-            env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
-    if address is not None:
-        env = {**env, "MASTER_ADDR": address[0], "MASTER_PORT": str(address[1])}
-    launch = from_torchrun(env)
-    if launch is None:  # no launcher, no ranks: a job of one process, as ignite runs it
-        env = {**env, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-        env.setdefault("MASTER_ADDR", "127.0.0.1")
-        env.setdefault("MASTER_PORT", str(free_port()))
-        launch = from_torchrun(env)
-        assert launch is not None
-    return launch
-
-
 # --- adopting, following and retiring ---------------------------------------------------
 
 
@@ -270,15 +244,8 @@ def adopt_process_group() -> Context:
     """Adopt a process group the user created with ``dist.init_process_group``."""
     env = os.environ
     rank, world = dist.get_rank(), dist.get_world_size()
-    hint = context.local_rank_hint
-    local = int(env.get("LOCAL_RANK", hint if hint is not None else rank))
-    nproc = int(env.get("LOCAL_WORLD_SIZE", world))
-    if world % nproc or not 0 <= local < nproc:
-        local, nproc = rank, world
-    topo = Topology(rank, world, local, nproc, world // nproc, rank // nproc)
     launch_env = from_torchrun(env)
     job_id = launch_env.job_id if launch_env is not None else "adopted"
-    backend = NativeBackend(topo, str(dist.get_backend()), owns_group=False)
     store: Store = dist.distributed_c10d._get_default_store()
     keep = None
     base = store
@@ -286,21 +253,13 @@ def adopt_process_group() -> Context:
         base = base.underlying_store
     if not has_queues(base) or isinstance(base, FileStore):
         store, keep = channel_beside(store, job_id, rank, world, datetime.timedelta(minutes=5))
+    prefix = Channel.make_prefix(job_id, generation(store, job_id, rank))
+    topo = adopted_topology(store, prefix, rank, world, env)
+    backend = NativeBackend(topo, str(dist.get_backend()), owns_group=False)
     hosts = rank == 0 and (launch_env is None or not launch_env.use_agent_store)
     options = Options.from_kwargs({}, 0 if hosts or launch_env is None else -1)
-    gen = generation(store, job_id, rank)
-    prefix = Channel.make_prefix(job_id, gen)
-    return _watch(
-        backend,
-        store,
-        prefix,
-        False,
-        options,
-        _own_launch(env),
-        launch_env.error_file if launch_env else None,
-        False,
-        keep,
-    )
+    error_file = launch_env.error_file if launch_env else None
+    return _watch(backend, store, prefix, False, options, _own_launch(env), error_file, False, keep)
 
 
 def retire(ctx: Context, *, leave: bool = False) -> None:
