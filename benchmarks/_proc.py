@@ -13,8 +13,9 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +82,48 @@ def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return Finished(code, out, err, started, exited, left)
+
+
+@dataclass
+class Quiet:
+    """What ``wait_for_load`` saw: the 1-minute load average before and after waiting."""
+
+    limit: float
+    load_before: float
+    load_after: float = 0.0
+    waited: float = 0.0  # seconds
+    met: bool = True  # the load dropped below ``limit`` (False: measured anyway after ``up_to``)
+    samples: list[float] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if self.limit <= 0:
+            return f"load {self.load_after:.2f} at start (no wait)"
+        if self.waited < 0.5:
+            return f"load {self.load_after:.2f} at start (< {self.limit:g}, no wait needed)"
+        verdict = (
+            f"dropped below {self.limit:g}" if self.met else f"⚠ never dropped below {self.limit:g}: measured anyway"
+        )
+        return f"load {self.load_before:.2f} → {self.load_after:.2f} after waiting {self.waited:.0f} s ({verdict})"
+
+
+def wait_for_load(limit: float = 1.5, poll: float = 20.0, up_to: float = 900.0, what: str = "") -> Quiet:
+    """Wait until the 1-minute load average is below ``limit`` (polled every ``poll`` s, at most ``up_to`` s).
+
+    ``limit <= 0`` does not wait. Progress goes to stderr.
+    """
+    load = os.getloadavg()[0]
+    quiet = Quiet(limit, load, samples=[load])
+    start = time.monotonic()
+    while limit > 0 and load >= limit and time.monotonic() - start < up_to:
+        sys.stderr.write(f"[waiting for load < {limit:g}{' before ' + what if what else ''}: {load:.2f}]\n")
+        sys.stderr.flush()
+        time.sleep(poll)
+        load = os.getloadavg()[0]
+        quiet.samples.append(load)
+    quiet.waited = time.monotonic() - start
+    quiet.load_after = load
+    quiet.met = limit <= 0 or load < limit
+    return quiet
 
 
 def exit_on_sigterm() -> None:

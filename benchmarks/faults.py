@@ -6,9 +6,19 @@ Usage::
     python benchmarks/faults.py --quick                 # 2 4 ranks, 1 repeat, 5 s idle window
     python benchmarks/faults.py --ranks 4 --kinds sigkill stall --repeats 5
     python benchmarks/faults.py --idle-only --idle-seconds 60
+    python benchmarks/faults.py --ranks 2 4 --launcher spawn torchrun \
+        --torchrun-kinds raise_allreduce sigkill sigstop
 
-Fault latency. Every job runs under ``tether.spawn`` (gloo), launched by a fresh
-interpreter started as its own session, bounded, and checked for leftover processes.
+Fault latency. Every job runs under ``tether.spawn`` (gloo; ``--launcher spawn``, the
+default) or under torchrun (``--launcher torchrun``: ``python -m torch.distributed.run
+--nproc_per_node N --master_addr 127.0.0.1 --master_port <free>`` with its defaults, each
+worker calling ``tether.initialize("gloo")``), launched as a fresh interpreter started as
+its own session, bounded, and checked for leftover processes. ``--kinds`` are run under
+``tether.spawn``, ``--torchrun-kinds`` (default: the same) under torchrun; each launcher's
+figures are a section of their own. Before each section (and before the idle cost) the
+driver waits until the 1-minute load average is below ``--wait-load`` (default 1.5;
+polled every 20 s, up to ``--wait-max`` s, then it measures anyway and says so); the
+result file gives the load at the start of every section and at the end.
 Each rank stamps ``time.time()`` (one clock: one machine) to its own file when it is
 ready, when it injects the fault (the victim, just before it), and when it catches the
 tether exception (survivors, first statement of the ``except``). Per run:
@@ -17,7 +27,14 @@ tether exception (survivors, first statement of the ``except``). Per run:
   ``caught - fault``; the table also gives the median over all survivors of all runs.
 * (b) *gone*: fault -> every process gone = the launcher's exit (its pipes closed and
   it was reaped, as seen by this driver). ``ranks gone`` is fault -> ``tether.spawn``
-  returned in the launcher (every rank reaped).
+  returned in the launcher (every rank reaped; not known under torchrun).
+
+Under torchrun two things can tell a survivor: tether's own judge (the keeper thread of
+each other rank of the host reads the victim's /proc state every 0.2 s) and torchrun's
+agent, which SIGTERMs the remaining workers once it sees one end (``--monitor-interval``,
+0.1 s by default); tether turns that SIGTERM into the peer's failure (a sweep of the
+host's ranks). The torchrun section counts the survivors that raised by that path
+("via SIGTERM"; the exception's ``__cause__`` is the ``SignalStop``).
 
 Kinds (the victim is rank N-1, except for ``raise_ofr``: rank 0):
 
@@ -26,16 +43,23 @@ raise_ofr           ``one_rank_first(0)``: rank 0's block raises; the others wai
 raise_allreduce     rank N-1 raises while the others sit in ``tether.all_reduce``
 exit                rank N-1 calls ``os._exit(3)`` while the others all_reduce
 sigkill             rank N-1 SIGKILLs itself while the others all_reduce
-sigstop             rank N-1 SIGSTOPs itself (a freeze); only the heartbeat can tell
-                    (``--heartbeat``/``--lost-after``, default 0.5 s / 2.0 s)
+sigstop             rank N-1 SIGSTOPs itself (a freeze): a judge on the same host (the
+                    spawn launcher; under torchrun the other ranks' keepers) sees /proc
+                    state ``T`` for ``lost_after`` (``--lost-after``, default 2.0 s),
+                    posts the loss and SIGKILLs it
 stall               ``barrier(timeout=1.0)`` while rank N-1 sleeps in user code; the
                     fault time is the earliest survivor's barrier entry + 1.0 s
 ==================  =============================================================
 
-Idle cost. ``--idle-ranks`` ranks under ``tether.spawn`` sit initialized and idle for
+Idle cost. ``--idle-ranks`` ranks under ``tether.spawn`` (``tether<r>``), and as many
+under torchrun with ``tether.initialize`` (``tether_torchrun<r>``: there each rank's keeper
+judges the other ranks of its host from /proc), sit initialized and idle for
 ``--idle-seconds``; each measures its own CPU time (``getrusage(RUSAGE_SELF)``: every
 thread of the process) over that window and counts its store operations by wrapping the
-methods of ``TCPStore`` (class-level, so the watchdog's cloned connections count too).
+methods of ``TCPStore`` (class-level: the connections the listener and keeper threads
+cloned before the wrap are ``TCPStore`` objects too, and count). Each rank checks that
+after the window: one operation on the channel's pre-existing connection and one on a
+fresh clone, from a probe thread, must both be counted (``counter check`` in the table).
 At the same time, two baselines idle for the same window: a process that only imported
 torch, and a raw ``torch.distributed`` gloo rank (torchrun, no tether).
 
@@ -103,7 +127,11 @@ def job(local_rank: int, kind: str, outdir: str) -> None:
             exc=type(exc).__name__,
             posted=getattr(record, "time", None),
             reporter=getattr(record, "reporter", None),
+            sigterm=isinstance(exc.__cause__, SystemExit),  # torchrun's SIGTERM, traced to the peer
         )
+        raise
+    except BaseException as exc:  # anything else a survivor raised (a bug, or a bare SIGTERM)
+        _note(outdir, rank, "other", exc=type(exc).__name__, message=str(exc)[:300])
         raise
 
 
@@ -131,11 +159,15 @@ def _fault(kind: str, outdir: str, rank: int) -> None:
     raise ValueError(kind)
 
 
+def _options(kind: str, heartbeat: float, lost_after: float) -> dict[str, float]:
+    return {"heartbeat": heartbeat, "lost_after": lost_after} if kind == "sigstop" else {}
+
+
 def launch(kind: str, n: int, outdir: str, heartbeat: float, lost_after: float) -> None:
     """The launcher process of one fault job."""
     import tether
 
-    opts = {"heartbeat": heartbeat, "lost_after": lost_after} if kind == "sigstop" else {}
+    opts = _options(kind, heartbeat, lost_after)
     failed = False
     try:
         tether.spawn("gloo", job, args=(kind, outdir), nproc_per_node=n, **opts)
@@ -143,6 +175,34 @@ def launch(kind: str, n: int, outdir: str, heartbeat: float, lost_after: float) 
         failed = True
     Path(outdir, "launcher.json").write_text(json.dumps({"spawn_returned": time.time(), "failed": failed}))
     sys.exit(1 if failed else 0)
+
+
+def torchrun_worker(kind: str, outdir: str, heartbeat: float, lost_after: float) -> None:
+    """One rank of a fault job under torchrun."""
+    import tether
+
+    tether.initialize("gloo", **_options(kind, heartbeat, lost_after))
+    job(int(os.environ["LOCAL_RANK"]), kind, outdir)
+    tether.finalize()
+
+
+def torchrun_args(n: int, *script_args: str) -> list[str]:
+    """torchrun on loopback, its defaults otherwise (monitor interval 0.1 s), running this file."""
+    import _proc
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(n),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_proc.free_port()),
+        str(Path(__file__).resolve()),
+        *script_args,
+    ]
 
 
 # --- idle cost ----------------------------------------------------------------------------------
@@ -218,7 +278,33 @@ def _idle_window(seconds: float, counts: dict[str, int] | None = None) -> dict[s
     return out
 
 
-def idle_job(local_rank: int, seconds: float, outdir: str) -> None:
+def _counter_check(counts: dict[str, int]) -> dict[str, object]:
+    """Are operations on the channel's connections counted, from a thread other than the main one?
+
+    ``channel._store`` was cloned before the wrap (as the listener's and keeper's
+    connections were); ``channel.client()`` is a fresh clone. Both must show up.
+    """
+    from tether._core.context import peek
+
+    ctx = peek()
+    assert ctx is not None and ctx.channel is not None
+    channel = ctx.channel
+    fresh = channel.client()
+    out: dict[str, object] = {"types": sorted({type(s).__name__ for s in (ctx.store, channel._store, fresh)})}
+
+    def probe() -> None:
+        channel._store.check([channel.key("bench-probe")])
+        fresh.check([channel.key("bench-probe")])
+
+    t = threading.Thread(target=probe, name="bench-probe")
+    t.start()
+    t.join()
+    out["counted"] = counts.get("bench-probe:check", 0)
+    out["ok"] = out["counted"] == 2
+    return out
+
+
+def idle_job(local_rank: int, seconds: float, outdir: str, prefix: str = "tether") -> None:
     import tether
 
     counts = _count_store_ops()
@@ -226,7 +312,8 @@ def idle_job(local_rank: int, seconds: float, outdir: str) -> None:
     time.sleep(1.0)  # let the start-up settle
     res = _idle_window(seconds, counts)
     res["native_threads"] = len(os.listdir("/proc/self/task"))
-    Path(outdir, f"tether{tether.get_rank()}.json").write_text(json.dumps(res))
+    res["counter_check"] = _counter_check(counts)
+    Path(outdir, f"{prefix}{tether.get_rank()}.json").write_text(json.dumps(res))
     tether.barrier()
 
 
@@ -234,6 +321,14 @@ def idle_launch(n: int, seconds: float, outdir: str) -> None:
     import tether
 
     tether.spawn("gloo", idle_job, args=(seconds, outdir), nproc_per_node=n)
+
+
+def idle_torchrun_worker(seconds: float, outdir: str) -> None:
+    import tether
+
+    tether.initialize("gloo")
+    idle_job(int(os.environ["LOCAL_RANK"]), seconds, outdir, prefix="tether_torchrun")
+    tether.finalize()
 
 
 def idle_raw_worker(seconds: float, outdir: str) -> None:
@@ -266,21 +361,8 @@ def measure_idle(n: int, seconds: float) -> dict[str, object]:
         bound = seconds + 120 + 5 * n
         jobs = {
             "tether": [sys.executable, me, "--_idle-launch", str(n), str(seconds), outdir],
-            "raw": [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node",
-                str(n),
-                "--master_addr",
-                "127.0.0.1",
-                "--master_port",
-                str(_proc.free_port()),
-                me,
-                "--_idle-raw",
-                str(seconds),
-                outdir,
-            ],
+            "tether_torchrun": torchrun_args(n, "--_idle-torchrun", str(seconds), outdir),
+            "raw": torchrun_args(n, "--_idle-raw", str(seconds), outdir),
             "plain": [sys.executable, me, "--_idle-plain", str(seconds), outdir],
         }
         done: dict[str, _proc.Finished] = {}
@@ -299,14 +381,19 @@ def measure_idle(n: int, seconds: float) -> dict[str, object]:
     return {"ranks": n, "seconds": seconds, "files": files}
 
 
+def _idle_group(name: str) -> str:
+    return name.rstrip("0123456789")
+
+
 def idle_table(idle: dict[str, object]) -> str:
     files: dict[str, dict[str, object]] = idle["files"]  # type: ignore[assignment]
     lines = [
         "| process | CPU s per minute | CPU % | store ops/s | threads (Python / native) "
-        "| CPU ms in window, by thread | store ops in window, by thread |",
-        "|---|---|---|---|---|---|---|",
+        "| CPU ms in window, by thread | store ops in window, by thread | counter check |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name in sorted(files, key=lambda s: (not s.startswith("tether"), s)):
+    order = {"tether": 0, "tether_torchrun": 1, "raw": 2, "plain": 3}
+    for name in sorted(files, key=lambda s: (order.get(_idle_group(s), 9), s)):
         f = files[name]
         wall, cpu = float(f["wall"]), float(f["cpu"])  # type: ignore[arg-type]
         ops = f.get("ops")
@@ -315,50 +402,56 @@ def idle_table(idle: dict[str, object]) -> str:
         per_thread = f.get("thread_ms", {})
         ranked = sorted(per_thread.items(), key=lambda kv: -kv[1])  # type: ignore[union-attr]
         by_thread = ", ".join(f"{k} {v:.1f}" for k, v in ranked if v >= 0.05)
+        check = f.get("counter_check")
+        verdict = (
+            ("ok" if check.get("ok") else f"⚠ {check.get('counted')}/2 counted") + f" ({', '.join(check['types'])})"
+            if isinstance(check, dict)
+            else ""
+        )
         lines.append(
             f"| {name} | {cpu / wall * 60:.4f} | {cpu / wall * 100:.3f} | {rate} "
-            f"| {f['threads']} / {f['native_threads']} | {by_thread} | {detail} |"
+            f"| {f['threads']} / {f['native_threads']} | {by_thread} | {detail} | {verdict} |"
         )
-    tether = [float(f["cpu"]) / float(f["wall"]) for k, f in files.items() if k.startswith("tether")]  # type: ignore[arg-type]
-    raw = [float(f["cpu"]) / float(f["wall"]) for k, f in files.items() if k.startswith("raw")]  # type: ignore[arg-type]
-    if tether and raw:
-        extra = statistics.mean(tether) - statistics.mean(raw)
-        lines += [
-            "",
-            f"tether's own idle cost (mean tether rank - mean raw gloo rank): {extra * 100:+.3f} % CPU "
-            f"({extra * 60:+.4f} CPU s per minute).",
-        ]
+
+    def share(group: str) -> list[float]:
+        return [float(f["cpu"]) / float(f["wall"]) for k, f in files.items() if _idle_group(k) == group]  # type: ignore[arg-type]
+
+    raw = share("raw")
+    for group, label in (("tether", "tether.spawn"), ("tether_torchrun", "torchrun")):
+        mine = share(group)
+        if mine and raw:
+            extra = statistics.mean(mine) - statistics.mean(raw)
+            lines += [
+                "",
+                f"tether's own idle cost under {label} (mean {group} rank - mean raw gloo rank): "
+                f"{extra * 100:+.3f} % CPU ({extra * 60:+.4f} CPU s per minute).",
+            ]
     return "\n".join(lines)
 
 
 # --- the driver ----------------------------------------------------------------------------------
 
 
-def one_run(kind: str, n: int, heartbeat: float, lost_after: float) -> dict[str, object]:
+def one_run(kind: str, n: int, heartbeat: float, lost_after: float, launcher: str = "spawn") -> dict[str, object]:
     import _proc
 
-    with tempfile.TemporaryDirectory(prefix=f"tether-fault-{kind}-{n}-") as outdir:
-        args = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--_launch",
-            kind,
-            str(n),
-            outdir,
-            "--heartbeat",
-            str(heartbeat),
-            "--lost-after",
-            str(lost_after),
-        ]
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix=f"tether-fault-{launcher}-{kind}-{n}-") as outdir:
+        timings = ["--heartbeat", str(heartbeat), "--lost-after", str(lost_after)]
+        if launcher == "torchrun":
+            args = torchrun_args(n, "--_torchrun-worker", kind, outdir, *timings)
+        else:
+            args = [sys.executable, str(Path(__file__).resolve()), "--_launch", kind, str(n), outdir, *timings]
         done = _proc.run(args, bound=90 + 6 * n)
         events: list[dict[str, object]] = []
         for p in Path(outdir).glob("r*.jsonl"):
             events += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-        launcher = Path(outdir, "launcher.json")
-        spawn_returned = json.loads(launcher.read_text())["spawn_returned"] if launcher.exists() else None
+        stamp = Path(outdir, "launcher.json")  # tether.spawn's launcher only
+        spawn_returned = json.loads(stamp.read_text())["spawn_returned"] if stamp.exists() else None
     victim = 0 if kind == "raise_ofr" else n - 1
     caught = {e["rank"]: e for e in events if e["ev"] == "caught"}
     returned = sorted(e["rank"] for e in events if e["ev"] == "returned")
+    other = sorted({f"{e['exc']}: {e['message']}" for e in events if e["ev"] == "other" and e["rank"] != victim})
     if kind == "stall":
         enters = [float(e["t"]) for e in events if e["ev"] == "enter"]  # type: ignore[arg-type]
         fault = min(enters) + STALL_TIMEOUT if enters else None
@@ -369,13 +462,17 @@ def one_run(kind: str, n: int, heartbeat: float, lost_after: float) -> dict[str,
     lat = [float(caught[r]["t"]) - fault for r in survivors if r in caught] if fault else []  # type: ignore[arg-type]
     missing = [r for r in survivors if r not in caught]
     run = {
+        "launcher": launcher,
         "kind": kind,
         "n": n,
+        "load": load,
         "exit": done.returncode,
         "leftovers": done.leftovers,
         "missing": missing,
         "returned": returned,
         "exc": sorted({str(e["exc"]) for e in caught.values()}),
+        "other": other,
+        "via_sigterm": sum(1 for e in caught.values() if e.get("sigterm")),
         "notice": lat,
         "notice_max": max(lat) if lat and not missing else None,
         "posted": [
@@ -439,12 +536,12 @@ def _med(xs: list[float | None]) -> float | None:
 
 
 def summarize(
-    runs: list[dict[str, object]], kinds: list[str], ranks: list[int]
+    runs: list[dict[str, object]], kinds: list[str], ranks: list[int], launcher: str = "spawn"
 ) -> dict[tuple[str, int], dict[str, object]]:
     out = {}
     for k in kinds:
         for n in ranks:
-            rs = [r for r in runs if r["kind"] == k and r["n"] == n]
+            rs = [r for r in runs if r["kind"] == k and r["n"] == n and r.get("launcher", "spawn") == launcher]
             if not rs:
                 continue
             everyone = [x for r in rs for x in r["notice"]]  # type: ignore[attr-defined]
@@ -453,6 +550,14 @@ def summarize(
                 "notice_max": _med([r["notice_max"] for r in rs]),  # type: ignore[misc]
                 "notice_all": _med(everyone),
                 "notice_range": (min(everyone), max(everyone)) if everyone else None,
+                "notice_max_range": (
+                    min(r["notice_max"] for r in rs if r["notice_max"] is not None),
+                    max(r["notice_max"] for r in rs if r["notice_max"] is not None),
+                )
+                if any(r["notice_max"] is not None for r in rs)
+                else None,  # type: ignore[type-var]
+                "survivors": len(everyone),
+                "via_sigterm": sum(int(r.get("via_sigterm", 0)) for r in rs),  # type: ignore[call-overload]
                 "posted": _med([x for r in rs for x in r["posted"]]),  # type: ignore[attr-defined]
                 "reporter": sorted({x for r in rs for x in r["reporter"]}),  # type: ignore[attr-defined]
                 "ranks_gone": _med([r["ranks_gone"] for r in rs]),  # type: ignore[misc]
@@ -477,28 +582,34 @@ def _s(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
 
 
-def fault_tables(summary: dict[tuple[str, int], dict[str, object]], kinds: list[str], ranks: list[int]) -> str:
+def fault_tables(
+    summary: dict[tuple[str, int], dict[str, object]], kinds: list[str], ranks: list[int], launcher: str = "spawn"
+) -> str:
+    sigterm = launcher == "torchrun"
     head = (
         "| kind | "
         + " | ".join(f"{n} ranks" for n in ranks)
         + " | survivors raised | record posted by | fault → record posted, ms |"
+        + (" survivors told via SIGTERM |" if sigterm else "")
     )
-    sep = "|---|" + "---|" * (len(ranks) + 3)
+    sep = "|---|" + "---|" * (len(ranks) + 3 + sigterm)
     a = [
         "(a) fault → every survivor raised, ms: median over repeats of the slowest survivor "
-        "(median over all survivors of all repeats in brackets; [repeats])",
+        "(median over all survivors of all repeats in brackets; [repeats]; "
+        "range of the slowest survivor over repeats, min-max, below)",
         "",
         head,
         sep,
     ]
     b = [
-        "(b) fault → every process gone, s: launcher exit (ranks reaped by `tether.spawn` in brackets)",
+        "(b) fault → every process gone, s: launcher exit (ranks reaped by `tether.spawn` in brackets; "
+        "min-max over repeats below)",
         "",
         "| kind | " + " | ".join(f"{n} ranks" for n in ranks) + " |",
         "|---|" + "---|" * len(ranks),
     ]
     for k in kinds:
-        ca, cb, exc, who, posted = [], [], set(), set(), []
+        ca, cb, exc, who, posted, told = [], [], set(), set(), [], []
         for n in ranks:
             s = summary.get((k, n))
             if s is None:
@@ -506,36 +617,65 @@ def fault_tables(summary: dict[tuple[str, int], dict[str, object]], kinds: list[
                 cb.append("")
                 continue
             flag = " ⚠" if s["bad"] else ""
-            ca.append(f"{_ms(s['notice_max'])} ({_ms(s['notice_all'])}) [{s['repeats']}]{flag}")  # type: ignore[arg-type]
-            cb.append(f"{_s(s['gone'])} ({_s(s['ranks_gone'])}){flag}")  # type: ignore[arg-type]
+            spread = s["notice_max_range"]
+            span = f"<br>{_ms(spread[0])}-{_ms(spread[1])}" if spread else ""  # type: ignore[index]
+            ca.append(f"{_ms(s['notice_max'])} ({_ms(s['notice_all'])}) [{s['repeats']}]{flag}{span}")  # type: ignore[arg-type]
+            gspread = s["gone_range"]
+            gspan = f"<br>{_s(gspread[0])}-{_s(gspread[1])}" if gspread else ""  # type: ignore[index]
+            cb.append(f"{_s(s['gone'])} ({_s(s['ranks_gone'])}){flag}{gspan}")  # type: ignore[arg-type]
             exc |= set(s["exc"])  # type: ignore[arg-type]
             who |= {"launcher" if r == -1 else f"rank {r}" if r == 0 else "a rank" for r in s["reporter"]}  # type: ignore[attr-defined]
             posted.append(_ms(s["posted"]))  # type: ignore[arg-type]
+            told.append(f"{s['via_sigterm']}/{s['survivors']}")
         a.append(
             f"| {k} | "
             + " | ".join(ca)
             + f" | {', '.join(sorted(exc))} | {', '.join(sorted(who))} | {' / '.join(posted)} |"
+            + (f" {' / '.join(told)} |" if sigterm else "")
         )
         b.append(f"| {k} | " + " | ".join(cb) + " |")
     return "\n".join([*a, "", *b])
 
 
-def plot(summary: dict[tuple[str, int], dict[str, object]], kinds: list[str], ranks: list[int], path: Path) -> None:
+def plot(
+    summaries: dict[str, dict[tuple[str, int], dict[str, object]]],
+    kinds: dict[str, list[str]],
+    ranks: list[int],
+    path: Path,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for k in kinds:
-        ns = [n for n in ranks if (k, n) in summary and summary[(k, n)]["notice_max"] is not None]
-        if ns:
-            ax1.plot(ns, [summary[(k, n)]["notice_max"] * 1e3 for n in ns], "o-", label=k)  # type: ignore[operator]
-        ns = [n for n in ranks if (k, n) in summary and summary[(k, n)]["gone"] is not None]
-        if ns:
-            line = ax2.plot(ns, [summary[(k, n)]["gone"] for n in ns], "o-", label=k)[0]
-            gone = [(n, summary[(k, n)]["ranks_gone"]) for n in ns if summary[(k, n)]["ranks_gone"] is not None]
-            ax2.plot([n for n, _ in gone], [g for _, g in gone], "x--", color=line.get_color(), lw=1)
+    colors: dict[str, str] = {}
+    styles = {"spawn": ("o", "-"), "torchrun": ("s", ":")}
+    for launcher, summary in summaries.items():
+        marker, ls = styles[launcher]
+        for k in kinds[launcher]:
+            label = k if launcher == "spawn" else f"{k} (torchrun)"
+            color = colors.get(k)
+            ns = [n for n in ranks if (k, n) in summary and summary[(k, n)]["notice_max"] is not None]
+            if ns:
+                line = ax1.plot(
+                    ns,
+                    [summary[(k, n)]["notice_max"] * 1e3 for n in ns],
+                    marker=marker,
+                    ls=ls,
+                    color=color,
+                    label=label,
+                )[0]  # type: ignore[operator]
+                colors.setdefault(k, line.get_color())
+                color = colors[k]
+            ns = [n for n in ranks if (k, n) in summary and summary[(k, n)]["gone"] is not None]
+            if ns:
+                line = ax2.plot(
+                    ns, [summary[(k, n)]["gone"] for n in ns], marker=marker, ls=ls, color=color, label=label
+                )[0]
+                colors.setdefault(k, line.get_color())
+                gone = [(n, summary[(k, n)]["ranks_gone"]) for n in ns if summary[(k, n)]["ranks_gone"] is not None]
+                ax2.plot([n for n, _ in gone], [g for _, g in gone], "x--", color=line.get_color(), lw=1)
     ax1.axhline(10, color="grey", ls="--", lw=1, label="target 10 ms")
     ax2.axhline(1, color="grey", ls="--", lw=1, label="target 1 s (2, 4 ranks)")
     ax2.plot([], [], "kx--", lw=1, label="dashed: ranks reaped (spawn returned)")
@@ -546,32 +686,57 @@ def plot(summary: dict[tuple[str, int], dict[str, object]], kinds: list[str], ra
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(ranks, [str(n) for n in ranks])
-        ax.set_xlabel("ranks (tether.spawn, gloo, 2 cores)")
+        ax.set_xlabel("ranks (gloo, 2 cores; circles: tether.spawn, squares: torchrun)")
         ax.set_ylabel(f"{unit}, median over repeats")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-    ax2.legend(fontsize=8)
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+LAUNCHER_TITLE = {
+    "spawn": "`tether.spawn` (its launcher hosts the store and judges its children from /proc)",
+    "torchrun": "torchrun (`python -m torch.distributed.run`, defaults: monitor interval 0.1 s; "
+    '`tether.initialize("gloo")` in each worker; the other ranks of the host judge from /proc)',
+}
+
+
 def main() -> None:
+    import _proc
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=None, help="world sizes (default 2 4 8 16)")
-    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=KINDS)
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=KINDS, help="kinds under tether.spawn")
+    parser.add_argument(
+        "--launcher", nargs="+", choices=["spawn", "torchrun"], default=["spawn"], help="launchers (default spawn)"
+    )
+    parser.add_argument(
+        "--torchrun-kinds", nargs="+", choices=KINDS, default=None, help="kinds under torchrun (default: --kinds)"
+    )
     parser.add_argument(
         "--repeats", type=int, default=None, help="runs per cell (default 3; 1 at 16 ranks and with --quick)"
     )
     parser.add_argument("--quick", action="store_true", help="2 and 4 ranks, 1 repeat, 5 s idle window")
-    parser.add_argument("--heartbeat", type=float, default=0.5, help="heartbeat interval for sigstop (s)")
+    parser.add_argument(
+        "--heartbeat", type=float, default=0.5, help="heartbeat for sigstop (s; node heartbeats: unused on one node)"
+    )
     parser.add_argument("--lost-after", type=float, default=2.0, help="lost_after for sigstop (s)")
     parser.add_argument("--idle-seconds", type=float, default=None, help="idle window (default 20 s; 5 with --quick)")
     parser.add_argument("--idle-ranks", type=int, default=2)
     parser.add_argument("--no-idle", action="store_true", help="skip the idle-cost measurement")
     parser.add_argument("--idle-only", action="store_true", help="only the idle-cost measurement")
+    parser.add_argument(
+        "--wait-load", type=float, default=1.5, help="wait for a 1-minute load below this before each section (0: no)"
+    )
+    parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where faults.md/.png/.json go")
+    parser.add_argument("--note", default="", help="a paragraph to put under the title of faults.md")
     parser.add_argument("--_launch", nargs=3, metavar=("KIND", "N", "OUTDIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--_torchrun-worker", nargs=2, metavar=("KIND", "OUTDIR"), help=argparse.SUPPRESS)
     parser.add_argument("--_idle-launch", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--_idle-torchrun", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_idle-raw", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_idle-plain", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -579,8 +744,14 @@ def main() -> None:
         kind, n, outdir = args._launch
         launch(kind, int(n), outdir, args.heartbeat, args.lost_after)
         return
+    if args._torchrun_worker:
+        torchrun_worker(args._torchrun_worker[0], args._torchrun_worker[1], args.heartbeat, args.lost_after)
+        return
     if args._idle_launch:
         idle_launch(int(args._idle_launch[0]), float(args._idle_launch[1]), args._idle_launch[2])
+        return
+    if args._idle_torchrun:
+        idle_torchrun_worker(float(args._idle_torchrun[0]), args._idle_torchrun[1])
         return
     if args._idle_raw:
         idle_raw_worker(float(args._idle_raw[0]), args._idle_raw[1])
@@ -589,52 +760,88 @@ def main() -> None:
         idle_plain(float(args._idle_plain[0]), args._idle_plain[1])
         return
 
-    import _proc
-
     _proc.exit_on_sigterm()
     ranks = args.ranks or ([2, 4] if args.quick else [2, 4, 8, 16])
     idle_seconds = args.idle_seconds or (5.0 if args.quick else 20.0)
+    launchers = list(dict.fromkeys(args.launcher))
+    kinds = {"spawn": args.kinds, "torchrun": args.torchrun_kinds or args.kinds}
     runs: list[dict[str, object]] = []
+    quiet: dict[str, _proc.Quiet] = {}
     started = time.monotonic()
     if not args.idle_only:
-        for n in ranks:
-            repeats = args.repeats or (1 if args.quick or n >= 16 else 3)
-            for rep in range(repeats):
-                for kind in args.kinds:  # kinds interleaved within a repeat
-                    r = one_run(kind, n, args.heartbeat, args.lost_after)
-                    r["repeat"] = rep
-                    runs.append(r)
-                    print(
-                        f"[{time.monotonic() - started:6.0f} s] {kind:16s} {n:2d} ranks #{rep}: "
-                        f"notice {_ms(r['notice_max'])} ms, gone {_s(r['gone'])} s, exit {r['exit']}, "
-                        f"{r['exc']}{' missing ' + str(r['missing']) if r['missing'] else ''}"
-                        f"{' LEFTOVERS ' + str(r['leftovers']) if r['leftovers'] else ''}",
-                        flush=True,
-                    )
-                    if "stderr_tail" in r:
+        for launcher in launchers:
+            quiet[launcher] = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"the {launcher} runs")
+            print(f"[{launcher}: {quiet[launcher].describe()}]", flush=True)
+            for n in ranks:
+                repeats = args.repeats or (1 if args.quick or n >= 16 else 3)
+                for rep in range(repeats):
+                    for kind in kinds[launcher]:  # kinds interleaved within a repeat
+                        r = one_run(kind, n, args.heartbeat, args.lost_after, launcher)
+                        r["repeat"] = rep
+                        runs.append(r)
                         print(
-                            "    launcher stderr tail:\n    " + str(r["stderr_tail"]).replace("\n", "\n    "),
+                            f"[{time.monotonic() - started:6.0f} s] {launcher:8s} {kind:16s} {n:2d} ranks #{rep}: "
+                            f"notice {_ms(r['notice_max'])} ms, gone {_s(r['gone'])} s, exit {r['exit']}, "
+                            f"{r['exc']}{' via SIGTERM ' + str(r['via_sigterm']) if r['via_sigterm'] else ''}"
+                            f"{' missing ' + str(r['missing']) if r['missing'] else ''}"
+                            f"{' OTHER ' + str(r['other']) if r['other'] else ''}"
+                            f"{' LEFTOVERS ' + str(r['leftovers']) if r['leftovers'] else ''} "
+                            f"(load {r['load']:.1f})",
                             flush=True,
                         )
+                        if "stderr_tail" in r:
+                            print(
+                                "    launcher stderr tail:\n    " + str(r["stderr_tail"]).replace("\n", "\n    "),
+                                flush=True,
+                            )
+    if not args.no_idle:
+        quiet["idle"] = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what="the idle cost")
+        print(f"[idle: {quiet['idle'].describe()}]", flush=True)
     idle = None if args.no_idle else measure_idle(args.idle_ranks, idle_seconds)
     teardown = None if args.idle_only else teardown_baseline()
-    floor = exit_floor() if {"exit", "sigkill"} & set(args.kinds) and not args.idle_only else None
+    all_kinds = {k for launcher in launchers for k in kinds[launcher]}
+    floor = exit_floor() if {"exit", "sigkill"} & all_kinds and not args.idle_only else None
 
+    one, five, fifteen = os.getloadavg()
     lines = [
         "# tether fault benchmarks",
         "",
+        *([args.note, ""] if args.note else []),
         f"`python benchmarks/faults.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{os.cpu_count()} cores, load average at end {os.getloadavg()[0]:.1f}. gloo, `tether.spawn`, "
-        f"sigstop with heartbeat={args.heartbeat} s, lost_after={args.lost_after} s; other kinds with the "
-        "default watchdog settings (grace 5 s).",
+        f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min). gloo; "
+        f"sigstop with lost_after={args.lost_after} s (heartbeat={args.heartbeat} s, used by node heartbeats "
+        "only, and this is one node); other kinds with the default watchdog settings (grace 5 s).",
         "",
     ]
+    if quiet:
+        lines += [
+            "Load (1-minute average) before each section, after waiting for it to drop below "
+            f"{args.wait_load:g}: " + "; ".join(f"{k}: {q.describe()}" for k, q in quiet.items()) + ".",
+            "",
+        ]
+    summaries = {}
     if runs:
-        summary = summarize(runs, args.kinds, ranks)
-        lines += [fault_tables(summary, args.kinds, ranks), ""]
-        bad = [r for r in runs if r["missing"] or r["returned"] or r["leftovers"] or r["exit"] in (0, None)]
+        for launcher in launchers:
+            mine = [r for r in runs if r["launcher"] == launcher]
+            loads = [float(r["load"]) for r in mine]  # type: ignore[arg-type]
+            summary = summarize(runs, kinds[launcher], ranks, launcher)
+            summaries[launcher] = summary
+            lines += [
+                f"## {LAUNCHER_TITLE[launcher]}",
+                "",
+                f"Load at the start of each run: {min(loads):.1f}-{max(loads):.1f} "
+                f"(median {statistics.median(loads):.1f}).",
+                "",
+                fault_tables(summary, kinds[launcher], ranks, launcher),
+                "",
+            ]
+        bad = [
+            r for r in runs if r["missing"] or r["returned"] or r["leftovers"] or r["other"] or r["exit"] in (0, None)
+        ]
         problems = "; ".join(
-            f"{r['kind']}@{r['n']}: missing {r['missing']}, exit {r['exit']}, leftovers {r['leftovers']}" for r in bad
+            f"{r['launcher']} {r['kind']}@{r['n']}: missing {r['missing']}, exit {r['exit']}, "
+            f"leftovers {r['leftovers']}, other {r['other']}"
+            for r in bad
         )
         lines.append(
             f"Runs with a survivor that never raised, a leftover process or a wrong exit: {len(bad)}"
@@ -657,13 +864,16 @@ def main() -> None:
                 "",
             ]
         args.out.mkdir(parents=True, exist_ok=True)
-        plot(summary, args.kinds, ranks, args.out / "faults.png")
+        plot(summaries, kinds, ranks, args.out / "faults.png")
     if idle is not None:
         lines += [
-            f"Idle cost over {idle_seconds:.0f} s, {args.idle_ranks} ranks (`getrusage(RUSAGE_SELF)`, all threads; "
-            "store ops counted by wrapping `TCPStore` methods). tether*: an initialized tether rank; raw*: a "
-            "torchrun gloo rank without tether; plain: a process that imported torch. Targets: ≤0.1 % CPU, "
-            "≤1 store op/s per process.",
+            f"## Idle cost over {idle_seconds:.0f} s, {args.idle_ranks} ranks",
+            "",
+            "`getrusage(RUSAGE_SELF)`, all threads; store ops counted by wrapping `TCPStore` methods (counter "
+            "check: two probe operations on the channel's connections, one cloned before the wrap, counted). "
+            "tether*: an initialized tether rank under `tether.spawn`; tether_torchrun*: one under torchrun "
+            "(its keeper judges the host's other ranks); raw*: a torchrun gloo rank without tether; plain: a "
+            "process that imported torch. Targets: ≤0.1 % CPU, ≤1 store op/s per process.",
             "",
             idle_table(idle),
             "",
@@ -673,7 +883,13 @@ def main() -> None:
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "faults.md").write_text(text)
-    (args.out / "faults.json").write_text(json.dumps({"runs": runs, "idle": idle}, indent=1, default=str))
+    (args.out / "faults.json").write_text(
+        json.dumps(
+            {"argv": sys.argv[1:], "runs": runs, "idle": idle, "load": {k: vars(q) for k, q in quiet.items()}},
+            indent=1,
+            default=str,
+        )
+    )
 
 
 if __name__ == "__main__":

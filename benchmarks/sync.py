@@ -12,7 +12,10 @@ in the same processes over the same sockets. Contenders are interleaved: each *r
 runs one timed batch of every contender (order rotated from round to round), every
 batch starts aligned on an untimed ``dist.barrier()``, and its cost per call is the
 slowest rank's batch time divided by the batch's call count. The table gives the median
-over rounds, and the spread (interquartile range, % of the median).
+over rounds, and the spread (interquartile range, % of the median). Before each world
+size the driver waits until the 1-minute load average is below ``--wait-load`` (default
+1.5; polled every 20 s, up to ``--wait-max`` s, then it measures anyway and says so); the
+result gives that load and the load at the end.
 
 What is compared (µs per call):
 
@@ -250,6 +253,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and calls per batch")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw samples here")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "sync.md", help="markdown copy of the table")
+    parser.add_argument(
+        "--wait-load", type=float, default=1.5, help="wait for a 1-minute load below this before each world (0: no)"
+    )
+    parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
+    parser.add_argument("--note", default="", help="a paragraph to put under the title of the markdown copy")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 15)
@@ -264,14 +272,26 @@ def main() -> None:
     except ImportError:
         print("pytorch-ignite is not importable: ignite columns skipped (pip install -e '.[bench]')")
     results = []
+    quiet = {}
     for n in args.ranks:
+        quiet[n] = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
+        print(f"[{n} ranks: {quiet[n].describe()}]", flush=True)
         t0 = time.monotonic()
         results.append(run_world(n, rounds, args.quick, bound=120 + 40 * n * rounds / 5))
+        results[-1]["load"] = vars(quiet[n])
         print(f"[{n} ranks: {time.monotonic() - t0:.0f} s]", flush=True)
+    one, five, fifteen = os.getloadavg()
     text = "\n".join(
         [
+            "# tether sync benchmarks",
+            "",
+            *([args.note, ""] if args.note else []),
             f"`python benchmarks/sync.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
-            f"{os.cpu_count()} cores, load average at end {os.getloadavg()[0]:.1f}; torchrun, gloo.",
+            f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
+            "torchrun, gloo.",
+            "",
+            "Load (1-minute average) before each world size, after waiting for it to drop below "
+            f"{args.wait_load:g}: " + "; ".join(f"{n} ranks: {q.describe()}" for n, q in quiet.items()) + ".",
             "",
             f"µs per call, median of {rounds} interleaved rounds (slowest rank per batch); IQR = interquartile "
             "range in % of the median; ratio vs raw dist (one_rank_first: vs ignite; barrier: vs dist.barrier)",
