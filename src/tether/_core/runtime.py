@@ -259,7 +259,7 @@ def adopt_process_group() -> Context:
     hosts = rank == 0 and (launch_env is None or not launch_env.use_agent_store)
     options = Options.from_kwargs({}, 0 if hosts or launch_env is None else -1)
     error_file = launch_env.error_file if launch_env else None
-    return _watch(backend, store, prefix, False, options, _own_launch(env), error_file, False, keep)
+    return _watch(backend, store, prefix, hosts, options, _own_launch(env), error_file, False, keep)
 
 
 def retire(ctx: Context, *, leave: bool = False) -> None:
@@ -275,7 +275,7 @@ def retire(ctx: Context, *, leave: bool = False) -> None:
     with contextlib.suppress(Exception):
         if leave and not ctx.failed:
             ctx.channel.leave()
-    ctx.watchdog.stop(announce=ctx.hosts_store or ctx.backend.topology.rank == 0)
+    ctx.watchdog.stop(announce=ctx.hosts_store)  # only the store's host takes the store away
     if ctx.hooks is not None:
         ctx.hooks.uninstall(keep_exit=ctx.failed)
 

@@ -309,7 +309,7 @@ class Watchdog:
     def _keep(self) -> None:
         client = self.channel.client()
         next_beat = self._clock()
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._retiring.is_set():  # retiring: the store is going
             try:
                 with self._lock:
                     wait = self._wait
