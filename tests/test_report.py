@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tether import JobFailed, PeerFailure, PeerLost, SyncMismatch, SyncTimeout
+from tether import ExitCode, JobFailed, PeerFailure, PeerLost, SyncMismatch, SyncTimeout
 from tether._core.record import (
     KIND_EXCEPTION,
     KIND_EXIT,
@@ -229,3 +229,16 @@ def test_report_names_who_noticed_a_death_without_record() -> None:
 def test_report_is_empty_without_records() -> None:
     assert render_report([]) == ""
     assert render_report([], {0: RankOutcome(0, 1)}) == ""
+
+
+@pytest.mark.timeout(120)
+def test_an_uncaught_job_failure_ends_the_launcher_with_the_report_one_line_and_code_7() -> None:
+    from _harness import python
+
+    res = python("report_plain.py", bound=60)
+    assert res.returncode == int(ExitCode.LAUNCH_FAILED), res.output[-3000:]
+    assert res.stderr.count("tether: job failed. Root cause: rank 1 failed: RuntimeError: boom 0.1 from rank 1") == 1
+    assert res.stderr.count("Traceback") == 1, res.stderr  # the root cause's own, inside the report
+    lines = res.stderr.rstrip().splitlines()
+    assert lines[-1] == "tether.JobFailed: job failed: rank 1 failed: RuntimeError: boom 0.1 from rank 1 (exit code 7)"
+    assert res.leftovers == []

@@ -326,7 +326,31 @@ class _Supervisor:
         else:
             sys.stderr.write("tether: job failed; node 0's launcher prints the root-cause report\n")
         sys.stderr.flush()
-        raise JobFailed(records[0] if records else None, self.codes, report)
+        error = JobFailed(records[0] if records else None, self.codes, report)
+        _end_quietly_if_uncaught(error)
+        raise error
+
+
+def _end_quietly_if_uncaught(error: JobFailed) -> None:
+    """If ``error`` reaches the top level uncaught, end with one line and ``LAUNCH_FAILED`` (7).
+
+    The report is already printed: a traceback through tether's launcher would only repeat
+    the root cause. The exception stays catchable and its text the same; only the last
+    resort changes (the excepthook, which Python calls for an uncaught exception).
+    """
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if exc is not error:
+            previous(kind, exc, tb)
+            return
+        sys.stderr.write(f"tether.JobFailed: {exc} (exit code {int(ExitCode.LAUNCH_FAILED)})\n")
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(ExitCode.LAUNCH_FAILED))
+
+    sys.excepthook = excepthook
 
 
 def _line(code: int | None, records: list[FailureRecord], rank: int) -> str:
