@@ -242,3 +242,47 @@ def test_an_uncaught_job_failure_ends_the_launcher_with_the_report_one_line_and_
     lines = res.stderr.rstrip().splitlines()
     assert lines[-1] == "tether.JobFailed: job failed: rank 1 failed: RuntimeError: boom 0.1 from rank 1 (exit code 7)"
     assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_to_the_launcher_is_an_interruption_not_a_rank_failure() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from _harness import JOBS, ROOT, tagged_pids
+
+    tag = "ctrlc-" + str(os.getpid())
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TETHER_TEST_JOB": tag}
+    proc = subprocess.Popen(
+        [sys.executable, str(JOBS / "report_interrupt.py")],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    ready = set()
+    deadline = time.monotonic() + 60
+    while len(ready) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("READY"):
+            ready.add(line.split()[1])
+    assert ready == {"0", "1"}
+    time.sleep(0.3)  # rank 0 is in its barrier now
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    time.sleep(0.5)
+    left = tagged_pids(tag)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert proc.returncode in (130, -signal.SIGINT), err[-3000:]
+    assert err.count("tether: job interrupted (SIGINT); every rank stopped") == 1, err[-3000:]
+    assert "Root cause" not in err, err[-3000:]
+    assert took < 10.0 and left == []

@@ -214,6 +214,7 @@ class _Supervisor:
         self.heartbeat = config.heartbeat
         self.client = channel.client()
         self.store_gone = False
+        self.interrupted = False  # the launcher got SIGINT (Ctrl-C)
 
     def run(self) -> None:
         saved = self._forward_signals()
@@ -224,6 +225,13 @@ class _Supervisor:
         finally:
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
+        if self.interrupted:
+            # Ctrl-C is the user's act, not a rank's failure: one line, then Python's own
+            # KeyboardInterrupt (an uncaught one exits with 130)
+            codes = ", ".join(f"rank {self.first_rank + k}: {describe_exit(c)}" for k, c in sorted(self.codes.items()))
+            sys.stderr.write(f"tether: job interrupted (SIGINT); every rank stopped ({codes})\n")
+            sys.stderr.flush()
+            raise KeyboardInterrupt
         if any(self.codes.values()):
             self._fail()
 
@@ -232,6 +240,7 @@ class _Supervisor:
             return {}
 
         def forward(signum: int, frame: object) -> None:
+            self.interrupted = self.interrupted or signum == signal.SIGINT
             for p in self.procs.values():
                 if p.pid is not None and p.exitcode is None:
                     os.kill(p.pid, signum)
