@@ -58,7 +58,7 @@ def inject(config: Config, where: str) -> None:
     if config.fail_kind == "raise":
         raise RuntimeError(f"injected failure at {where}")
     if config.fail_kind == "exit":
-        os._exit(3)  # no exception, no clean-up: like a crash in C code
+        os._exit(13)  # no exception, no clean-up: like a crash in C code (13: no code of ExitCode's table)
     if config.fail_kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)  # like the OOM killer
     while True:  # "stall": alive, heart beating, never arriving (a dead NFS mount, an endless loop)

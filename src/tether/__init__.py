@@ -42,6 +42,9 @@ from .info import hostname as hostname
 from .info import model_name as model_name
 from .info import registered_computation_models as registered_computation_models
 from .info import show_config as show_config
+from .output import RankFormatter as RankFormatter
+from .output import get_logger as get_logger
+from .output import rank_print as rank_print
 from .parallel import Parallel as Parallel
 from .spawn import spawn as spawn
 from .syncs import barrier as barrier
@@ -56,6 +59,7 @@ __all__ = [
     "Parallel",
     "PeerFailure",
     "PeerLost",
+    "RankFormatter",
     "SyncMismatch",
     "SyncTimeout",
     "TetherError",
@@ -72,6 +76,7 @@ __all__ = [
     "device",
     "finalize",
     "get_local_rank",
+    "get_logger",
     "get_nnodes",
     "get_node_rank",
     "get_nproc_per_node",
@@ -86,6 +91,7 @@ __all__ = [
     "new_group",
     "one_rank_first",
     "one_rank_only",
+    "rank_print",
     "registered_computation_models",
     "set_local_rank",
     "show_config",
