@@ -132,12 +132,12 @@ def test_error_from_record_picks_the_documented_exception() -> None:
     timeout = error_from_record(
         record(
             kind=KIND_TIMEOUT,
-            detail={"call": "barrier on w", "timeout": 5, "missing": [3], "whereabouts": {"3": "in user code"}},
+            detail={"call": "barrier #3", "timeout": 5, "missing": [3], "whereabouts": {"3": "in user code"}},
         )
     )
     assert isinstance(timeout, SyncTimeout)
     assert (timeout.call, timeout.timeout, timeout.missing, timeout.whereabouts) == (
-        "barrier on w",
+        "barrier #3",
         5.0,
         [3],
         {3: "in user code"},

@@ -15,6 +15,6 @@ def test_a_long_wait_without_timeout_logs_one_stall_report_and_completes() -> No
     assert res.returncode == 0, res.output[-3000:]
     assert res.leftovers == []
     assert sorted(re.findall(r"RESULT rank=(\d) passed the barrier", res.stdout)) == ["0", "1"]
-    reports = re.findall(r"tether: rank 0 has waited \d+ s in barrier on w:", res.stderr)
+    reports = re.findall(r"tether: rank 0 has waited \d+ s in barrier #\d+:", res.stderr)
     assert len(reports) == 1, res.stderr[-3000:]
     assert re.search(r"rank 1: in user code\n(.|\n)*in slow_preprocessing", res.stderr), res.stderr[-3000:]

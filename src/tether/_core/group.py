@@ -14,6 +14,21 @@ class Group:
     members: tuple[int, ...]
     pg: Any = None  # the torch ProcessGroup for collectives; None is the default group
 
+    @property
+    def label(self) -> str:
+        """How messages name the group: "" for all ranks, "node 1", "ranks [0, 2]"."""
+        if self.key == "w":
+            return ""
+        if self.key.startswith("n"):
+            return f"node {self.key[1:]}"
+        return f"ranks {list(self.members)}"
+
 
 def tag(group: Group, seq: int) -> str:
-    return f"[sync #{seq} on {group.key}]"
+    """``#28`` (all ranks) or ``#28 on ranks [0, 2]``: the sync's number among its group's."""
+    return f"#{seq}" + (f" on {group.label}" if group.label else "")
+
+
+def named(signature: str, group: Group) -> str:
+    """``barrier`` (all ranks) or ``barrier on ranks [0, 2]``."""
+    return signature + (f" on {group.label}" if group.label else "")

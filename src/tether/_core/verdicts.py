@@ -49,9 +49,9 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float)
     me = ctx.channel.rank
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
     label = tag(group, seq)
-    missing = [r for r in group.members if r != me and label not in answers.get(r, "").split("\n", 1)[0]]
+    missing = [r for r in group.members if r != me and not answers.get(r, "").split("\n", 1)[0].endswith(f" {label}")]
     where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
-    call = f"{signature} on {group.key}"
+    call = f"{signature} {label}"
     own = SyncTimeout(call, timeout, missing, where)
     record = FailureRecord(
         rank=me,
@@ -97,7 +97,7 @@ def mismatch(ctx: Context, group: Group, signature: str) -> TetherError:
 def warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: float) -> None:
     assert ctx.channel is not None
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
-    lines = [f"tether: rank {ctx.channel.rank} has waited {elapsed:.0f} s in {signature} on {group.key}:"]
+    lines = [f"tether: rank {ctx.channel.rank} has waited {elapsed:.0f} s in {signature} {tag(group, seq)}:"]
     for r in group.members:
         if r != ctx.channel.rank:
             lines.append(f"  rank {r}: {answers.get(r, 'no answer: frozen, dead, or holding the GIL')}")
