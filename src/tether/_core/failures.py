@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 
 from ..errors import TetherError
-from . import context
+from . import context, errorfile
 from .context import Context
 from .hooks import SignalStop, is_success
 from .record import FailureRecord, error_from_record
@@ -61,20 +60,9 @@ def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
 
 
 def _write_error_file(path: str | None, exc: BaseException, record: FailureRecord | None, victim: bool) -> None:
-    """torchelastic's error file, so torchrun's "Root Cause" names the true failing rank.
-
-    Written here rather than with torch's ``ErrorHandler.record_exception``, which stamps
-    the current time and the caller's own exception: torchrun picks the failure with the
-    smallest timestamp (whole seconds, ties to the lowest rank), so a victim must write the
-    root cause's time + 1 and the root cause's story, which that API cannot express.
-    """
+    """torchelastic's error file (see ``errorfile.py``); a victim's names the root cause's time + 1."""
     if path is None or (victim and os.path.exists(path)):  # never cover this rank's own failure
         return
     stamp = int(record.time if record is not None and record.time else time.time()) + (1 if victim else 0)
     message = f"{type(exc).__name__}: {exc}" if victim or record is None else record.headline
-    extra = {"timestamp": str(stamp)}
-    if not victim and record is not None and record.traceback:
-        extra["py_callstack"] = record.traceback  # without it, torchrun's summary shows the message
-    data = {"message": {"message": message, "extraInfo": extra}}
-    with open(path, "w") as fp:
-        json.dump(data, fp)
+    errorfile.write(path, message, stamp, "" if victim or record is None else record.traceback)

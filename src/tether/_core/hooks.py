@@ -131,7 +131,7 @@ class Hooks:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signalled = signum
         if signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt("stopped by SIGINT")
         raise SignalStop(128 + signum)
 
     def _post(self, exc: BaseException) -> None:

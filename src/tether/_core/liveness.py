@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from torch._C._distributed_c10d import Store
 
+from . import errorfile
 from .channel import Channel
 from .record import FailureRecord, lost_record
 
@@ -109,7 +110,10 @@ class PeerJudge:
                     self.lost.add(rank)
                     if self.channel.claim_loss(rank, client):
                         message = f"frozen: its process has been stopped (state {state}) for {t - since:.1f} s"
-                        found.append(lost_record(rank, message, self.channel.rank, pid=pid))
+                        record = lost_record(rank, message, self.channel.rank, pid=pid)
+                        found.append(record)
+                        if self.kill:  # so that torchrun's "Root Cause" tells the story, not only SIGKILL
+                            errorfile.write_for(pid, record.headline, int(record.time))
                     if self.kill:
                         with contextlib.suppress(OSError):
                             os.kill(pid, signal.SIGKILL)

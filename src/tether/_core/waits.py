@@ -142,7 +142,11 @@ def gate(
         # complete the gate for the others, and a last arrival could write "ok" first.
         # It never arrives at all: the gate cannot complete without it.
         status = ABORT  # a consequence of a failure already posted: point at that one
-        record = None if isinstance(failed, TetherError) else ctx.post_own(failed, call)
+        # a launcher's SIGTERM because a peer failed is a consequence too (see failure_behind_stop)
+        consequence = isinstance(failed, TetherError) or (
+            isinstance(failed, SignalStop) and failure_behind_stop(ctx) is not None
+        )
+        record = None if consequence else ctx.post_own(failed, call)
         if record is not None:
             status = f"failed:{record.seq}"
         with contextlib.suppress(dist.DistNetworkError):  # store gone: the caller re-raises its own
