@@ -143,7 +143,7 @@ def mismatch(kind: str, launcher: str, nproc: int, striker: int, **kw: Any) -> R
 
 def stop(failure: str, place: str, launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
     """SIGTERM/SIGINT to one rank: its hook posts it; the others raise PeerFailure naming it."""
-    exc, name = ("SignalStop", "SIGTERM") if failure == "sigterm" else ("KeyboardInterrupt", "SIGINT")
+    exc, name = ("Terminated", "SIGTERM") if failure == "sigterm" else ("KeyboardInterrupt", "SIGINT")
     root = (striker, exc, f"stopped by {name}")
     return Row("F8", failure, place, launcher, nproc, striker, ("PeerFailure",), root, victim_exc=exc, **kw)
 
@@ -166,11 +166,11 @@ def host_lost(launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
 def launcher_stop(launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
     """F8: SIGTERM to the ``tether.spawn`` launcher (sent by rank ``striker``).
 
-    The launcher forwards it to every rank: each rank stops with its own SignalStop, or with
-    PeerFailure naming the rank whose SignalStop was posted first.
+    The launcher forwards it to every rank: each rank stops with its own Terminated, or with
+    PeerFailure naming the rank whose Terminated was posted first.
     """
-    root = (None, "SignalStop", "stopped by SIGTERM")
-    expect = ("SignalStop", "PeerFailure")
+    root = (None, "Terminated", "stopped by SIGTERM")
+    expect = ("Terminated", "PeerFailure")
     return Row(
         "F8", "term_launcher", "outside", launcher, nproc, striker, expect, root, survivors=tuple(range(nproc)), **kw
     )

@@ -101,7 +101,9 @@ class Parallel:
         try:
             func(current().backend.topology.local_rank, *args, **kwargs)
         except BaseException as exc:
-            report_failure(exc)
+            behind = report_failure(exc)
+            if behind is not None:  # a launcher's SIGTERM because a peer failed: raise that failure
+                raise behind from exc
             raise
 
     def __enter__(self) -> Parallel:

@@ -30,7 +30,9 @@ def render_report(records: Sequence[FailureRecord], outcomes: Mapping[int, RankO
         return ""
     root = records[0]
     lines = [RULE, f"tether: job failed. Root cause: {root.headline}"]
-    origin = f"  on host {root.host or '?'}, pid {root.pid or '?'}"
+    origin = "  on " + (f"host {root.host}" if root.host else "an unknown host")
+    if root.pid:
+        origin += f", pid {root.pid}"
     if root.where:
         origin += f", in {root.where}"
     if root.frame:

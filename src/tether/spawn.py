@@ -28,6 +28,7 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -308,6 +309,7 @@ class _Supervisor:
                     exc_type=signal.Signals(-code).name if code < 0 else "SystemExit",
                     message=f"process {how}",
                     pid=self.procs[rank - self.first_rank].pid or 0,
+                    host=socket.gethostname(),  # the launcher's children run on its own host
                     time=time.time(),
                     reporter=-1,
                 )

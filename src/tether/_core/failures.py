@@ -10,7 +10,7 @@ import time
 from ..errors import TetherError
 from . import context, errorfile
 from .context import Context
-from .hooks import SignalStop, is_success
+from .hooks import Terminated, is_success
 from .record import FailureRecord, error_from_record
 from .verdicts import failure_behind_stop
 
@@ -22,13 +22,13 @@ def report_failure(exc: BaseException) -> BaseException | None:
 
     ``sys.exit(0)`` is no failure. A tether error is a consequence of a failure already
     posted: it is not posted again, and the error file names the root cause. A SIGTERM
-    (``SignalStop``) that another rank's failure explains is a consequence too: that
+    (``Terminated``) that another rank's failure explains is a consequence too: that
     failure is returned (see ``_failure_behind_stop``).
     """
     ctx = context.peek()
     if ctx is None or ctx.channel is None or is_success(exc):
         return None
-    if isinstance(exc, SignalStop) and not any(seen is exc for seen, _ in ctx.posted):
+    if isinstance(exc, Terminated) and not any(seen is exc for seen, _ in ctx.posted):
         behind = failure_behind_stop(ctx)
         if behind is not None:
             report_failure(behind)

@@ -10,7 +10,7 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
   torch down, where abandoned gloo work can abort the process. Anywhere else -- ``python
   -i``, a notebook kernel, a plain script -- the interpreter goes on as it would have.
 * **Signals**: the handler only records the signal and raises (``KeyboardInterrupt`` for
-  SIGINT, ``SignalStop`` for SIGTERM): no store I/O, no lock, nothing the interrupted code
+  SIGINT, ``Terminated`` for SIGTERM): no store I/O, no lock, nothing the interrupted code
   may hold. The interpreter's wakeup fd is pointed at the watchdog's keeper, which wakes
   a main thread blocked in a store wait so that the handler runs within a round trip.
   What the signal means (a launcher's stop because a peer died?) is worked out after the
@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import ExitCode, TetherError
 
 
-class SignalStop(SystemExit):
+class Terminated(SystemExit):
     """SIGTERM arrived; the process stops with exit code 128 + signal."""
 
     def __str__(self) -> str:
@@ -66,8 +66,11 @@ class Hooks:
         signal_fd: the fd the interpreter writes when a signal arrives (the keeper's).
     """
 
-    def __init__(self, on_failure: Callable[[BaseException], object], owned: bool, signal_fd: int | None) -> None:
+    def __init__(
+        self, on_failure: Callable[[BaseException], object], owned: bool, signal_fd: int | None, rank: int = 0
+    ) -> None:
         self._on_failure = on_failure
+        self.rank = rank
         self._owned = owned
         self._signal_fd = signal_fd
         self._saved: dict[str, Any] = {}
@@ -114,14 +117,21 @@ class Hooks:
             self._saved["excepthook"] = kept
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        self._post(exc)
-        self._saved.get("excepthook", sys.__excepthook__)(kind, exc, tb)
+        behind = self._post(exc)
+        shown = behind if isinstance(behind, TetherError) else exc
+        if self._owned and isinstance(shown, TetherError):
+            # a victim: one line; the failing rank prints the one full traceback
+            first = str(shown).splitlines()[0] if str(shown) else type(shown).__name__
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"[rank {self.rank}] stopped: {type(shown).__name__}: {first}\n")
+        else:
+            self._saved.get("excepthook", sys.__excepthook__)(kind, exc, tb)
         if not self._owned:
             return
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(exit_code_for(exc))
+        os._exit(exit_code_for(shown))
 
     def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
@@ -132,11 +142,13 @@ class Hooks:
         self.signalled = signum
         if signum == signal.SIGINT:
             raise KeyboardInterrupt("stopped by SIGINT")
-        raise SignalStop(128 + signum)
+        raise Terminated(128 + signum)
 
-    def _post(self, exc: BaseException) -> None:
+    def _post(self, exc: BaseException) -> object:
+        """Post ``exc``; returns what ``on_failure`` says is behind it (a peer's failure), if anything."""
         try:
-            self._on_failure(exc)
+            return self._on_failure(exc)
         except Exception as err:  # a hook must never raise
             with contextlib.suppress(Exception):
                 print(f"tether: could not post a failure: {type(err).__name__}: {err}", file=sys.stderr)
+            return None

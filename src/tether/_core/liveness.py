@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +47,8 @@ from torch._C._distributed_c10d import Store
 from . import errorfile
 from .channel import Channel
 from .record import FailureRecord, lost_record
+
+_HOST = socket.gethostname()  # a judge sees the processes of its own host only
 
 
 def process_state(pid: int) -> str | None:
@@ -102,7 +105,7 @@ class PeerJudge:
                 self.lost.add(rank)  # whoever wins the claim posts it; the others get the record
                 if self.channel.claim_loss(rank, client):
                     message = "its process ended without a word (killed by a signal, crashed, or os._exit)"
-                    found.append(lost_record(rank, message, self.channel.rank, pid=pid))
+                    found.append(lost_record(rank, message, self.channel.rank, pid=pid, host=_HOST))
             elif stopped(state):
                 since = self._stopped_since.setdefault(rank, t)
                 if t - since >= self.lost_after:
@@ -110,7 +113,7 @@ class PeerJudge:
                     self.lost.add(rank)
                     if self.channel.claim_loss(rank, client):
                         message = f"frozen: its process has been stopped (state {state}) for {t - since:.1f} s"
-                        record = lost_record(rank, message, self.channel.rank, pid=pid)
+                        record = lost_record(rank, message, self.channel.rank, pid=pid, host=_HOST)
                         found.append(record)
                         if self.kill:  # so that torchrun's "Root Cause" tells the story, not only SIGKILL
                             errorfile.write_for(pid, record.headline, int(record.time))

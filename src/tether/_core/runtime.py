@@ -130,7 +130,9 @@ def _watch(
     ctx = Context(
         backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file, pg, owns_group, keep_alive
     )
-    ctx.hooks = Hooks(report_failure, owned=launch.owned and not interactive(), signal_fd=watchdog.signal_fd)
+    ctx.hooks = Hooks(
+        report_failure, owned=launch.owned and not interactive(), signal_fd=watchdog.signal_fd, rank=topo.rank
+    )
     context.install(ctx)
     watchdog.start()
     ctx.hooks.install()

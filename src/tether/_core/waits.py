@@ -53,7 +53,7 @@ import torch.distributed as dist
 from ..errors import BackendError, TetherError
 from .context import Context
 from .group import Group, tag
-from .hooks import SignalStop
+from .hooks import Terminated
 from .record import error_from_record
 from .verdicts import expire, explain_backend_error, failure_behind_stop, mismatch, warn_stall
 from .watchdog import ABORT, EXPIRED
@@ -85,7 +85,7 @@ def in_call(ctx: Context, call: str) -> Iterator[None]:
     previous, watchdog.current_call = watchdog.current_call, call
     try:
         yield
-    except SignalStop as stop:
+    except Terminated as stop:
         # a launcher's SIGTERM while this rank waits: usually because a peer died
         behind = failure_behind_stop(ctx)
         if behind is None:
@@ -144,7 +144,7 @@ def gate(
         status = ABORT  # a consequence of a failure already posted: point at that one
         # a launcher's SIGTERM because a peer failed is a consequence too (see failure_behind_stop)
         consequence = isinstance(failed, TetherError) or (
-            isinstance(failed, SignalStop) and failure_behind_stop(ctx) is not None
+            isinstance(failed, Terminated) and failure_behind_stop(ctx) is not None
         )
         record = None if consequence else ctx.post_own(failed, call)
         if record is not None:
