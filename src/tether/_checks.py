@@ -9,7 +9,11 @@ and adds tether's detail after it; checks ignite does not make have tether's own
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import multiprocessing
+import os
+import pickle
+import sys
+from collections.abc import Callable, Collection, Mapping, Sequence
 from numbers import Number
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -344,3 +348,37 @@ def check_replicas(num_replicas: object, rank: object) -> tuple[int, int]:
     if num_replicas < 1:
         raise ValueError(f"DistributedProxySampler: num_replicas must be >= 1, got {num_replicas}")
     return num_replicas, rank
+
+
+def check_start_method(fn: Callable[..., Any], asked: str | None) -> str:
+    """The start method for ``fn``: "spawn", or "fork" for a function a child cannot import.
+
+    Raises:
+        ValueError: a bad ``start_method``, or "spawn" asked for a function defined on
+            stdin, in ``python -c`` or in a notebook.
+        TypeError: ``fn`` cannot be pickled (a lambda, a closure) and would need "spawn".
+    """
+    methods = multiprocessing.get_all_start_methods()
+    if asked is not None and asked not in methods:
+        raise ValueError(f"start_method must be one of {methods}, got {asked!r}")
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)  # "<stdin>" under `python -`, absent in -c and notebooks
+    unimportable = getattr(fn, "__module__", None) == "__main__" and not (main_file and os.path.isfile(main_file))
+    if asked is None:
+        asked = "fork" if unimportable and "fork" in methods else "spawn"
+    if asked == "fork":
+        return asked
+    if unimportable:
+        raise ValueError(
+            f"spawn: {getattr(fn, '__qualname__', fn)!r} is defined in __main__ without a file (stdin, python -c, "
+            f"a notebook), which start_method={asked!r} cannot import in a child: define it in a module, or use "
+            "start_method='fork'"
+        )
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        raise TypeError(
+            f"spawn: the function {getattr(fn, '__qualname__', fn)!r} cannot be pickled for start_method={asked!r} "
+            f"({type(exc).__name__}: {exc}); define it at module level, or use start_method='fork'"
+        ) from None
+    return asked

@@ -7,10 +7,15 @@ status (``-9`` -> "killed by SIGKILL").
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ._core.record import FailureRecord, describe_exit
+from .errors import ExitCode, JobFailed
 
 RULE = "=" * 72
 
@@ -52,3 +57,25 @@ def render_report(records: Sequence[FailureRecord], outcomes: Mapping[int, RankO
             lines.append(f"  rank {rank}: {o.line or describe_exit(o.exit_code)}")
     lines.append(RULE)
     return "\n".join(lines) + "\n"
+
+
+def end_quietly_if_uncaught(error: JobFailed) -> None:
+    """If ``error`` reaches the top level uncaught, end with one line and ``LAUNCH_FAILED`` (7).
+
+    The report is already printed: a traceback through tether's launcher would only repeat
+    the root cause. The exception stays catchable and its text the same; only the last
+    resort changes (the excepthook, which Python calls for an uncaught exception).
+    """
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if exc is not error:
+            previous(kind, exc, tb)
+            return
+        sys.stderr.write(f"tether.JobFailed: {exc} (exit code {int(ExitCode.LAUNCH_FAILED)})\n")
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(ExitCode.LAUNCH_FAILED))
+
+    sys.excepthook = excepthook

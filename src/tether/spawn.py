@@ -26,7 +26,6 @@ import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -36,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch._C._distributed_c10d import FileStore, TCPStore
+from torch._C._distributed_c10d import TCPStore
 
 from . import _checks
 from ._core.channel import Channel, generation
@@ -46,10 +45,11 @@ from ._core.liveness import NodeWatch, PeerJudge
 from ._core.options import Launch, Options, to_timedelta
 from ._core.record import KIND_EXIT, KIND_SIGNAL, FailureRecord, describe_exit
 from ._core.runtime import finalize, start
+from ._core.stores import job_store
 from ._env import Topology, file_path, parse_init_method
 from .backends import check_backend
 from .errors import ExitCode, JobFailed
-from .report import RankOutcome, render_report
+from .report import RankOutcome, end_quietly_if_uncaught, render_report
 
 JOB_ID = "spawn"  # the launcher's store is new for every job: no stale keys to avoid
 _WORKER_LAUNCH = Launch(owned=True, judge_peers=False, node_beats=False)  # the launcher judges and beats
@@ -114,7 +114,7 @@ def spawn(
             "(or init_method='tcp://HOST:PORT' or 'file:///shared/path')"
         )
     timeout = to_timedelta(kwargs.pop("timeout", None))
-    start_method = _start_method(fn, kwargs.pop("start_method", None))
+    start_method = _checks.check_start_method(fn, kwargs.pop("start_method", None))
     if kwargs.pop("join", True) is not True:
         raise ValueError(
             "spawn: join=False is not supported: tether's launcher supervises its workers until they end "
@@ -125,7 +125,7 @@ def spawn(
         raise ValueError(f"spawn: daemon must be a bool, got {daemon!r}")
     options = Options.from_kwargs(kwargs, store_host=-1)
     world = nnodes * nproc
-    store, addr = _job_store(addr, port, world, node_rank, shared_file)
+    store, addr = job_store(addr, port, world, node_rank, shared_file)
     gen = generation(store, JOB_ID, -1 - node_rank)  # each node's launcher counts its own incarnations
     channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
     mp: Any = multiprocessing.get_context(start_method)
@@ -137,58 +137,6 @@ def spawn(
             target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}", daemon=daemon
         )
     _Supervisor(channel, procs, node_rank * nproc, options, node_rank == 0, nnodes).run()
-
-
-def _start_method(fn: Callable[..., Any], asked: str | None) -> str:
-    """The start method for ``fn``: "spawn", or "fork" for a function a child cannot import.
-
-    Raises:
-        ValueError: a bad ``start_method``, or "spawn" asked for a function defined on
-            stdin, in ``python -c`` or in a notebook.
-        TypeError: ``fn`` cannot be pickled (a lambda, a closure) and would need "spawn".
-    """
-    methods = multiprocessing.get_all_start_methods()
-    if asked is not None and asked not in methods:
-        raise ValueError(f"start_method must be one of {methods}, got {asked!r}")
-    main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None)  # "<stdin>" under `python -`, absent in -c and notebooks
-    unimportable = getattr(fn, "__module__", None) == "__main__" and not (main_file and os.path.isfile(main_file))
-    if asked is None:
-        asked = "fork" if unimportable and "fork" in methods else "spawn"
-    if asked == "fork":
-        return asked
-    if unimportable:
-        raise ValueError(
-            f"spawn: {getattr(fn, '__qualname__', fn)!r} is defined in __main__ without a file (stdin, python -c, "
-            f"a notebook), which start_method={asked!r} cannot import in a child: define it in a module, or use "
-            "start_method='fork'"
-        )
-    try:
-        pickle.dumps(fn)
-    except Exception as exc:
-        raise TypeError(
-            f"spawn: the function {getattr(fn, '__qualname__', fn)!r} cannot be pickled for start_method={asked!r} "
-            f"({type(exc).__name__}: {exc}); define it at module level, or use start_method='fork'"
-        ) from None
-    return asked
-
-
-def _job_store(
-    addr: str, port: int | None, world: int, node_rank: int, shared_file: str | None
-) -> tuple[TCPStore, str]:
-    """The job's store: node 0's launcher hosts it; with ``file://`` its address travels in the file."""
-    five = datetime.timedelta(minutes=5)
-    if shared_file is None:
-        return TCPStore(addr, port or 0, world, node_rank == 0, timeout=five, wait_for_workers=False), addr
-    shared = FileStore(shared_file, -1)
-    shared.set_timeout(five)
-    key = "tether/spawn/address"
-    if node_rank == 0:
-        store = TCPStore(addr, 0, world, True, timeout=five, wait_for_workers=False)
-        shared.set(key, f"{addr}:{store.port}")
-        return store, addr
-    host, _, got = shared.get(key).decode().rpartition(":")
-    return TCPStore(host, int(got), world, False, timeout=five), host
 
 
 class _Supervisor:
@@ -338,30 +286,8 @@ class _Supervisor:
             sys.stderr.write("tether: job failed; node 0's launcher prints the root-cause report\n")
         sys.stderr.flush()
         error = JobFailed(records[0] if records else None, self.codes, report)
-        _end_quietly_if_uncaught(error)
+        end_quietly_if_uncaught(error)
         raise error
-
-
-def _end_quietly_if_uncaught(error: JobFailed) -> None:
-    """If ``error`` reaches the top level uncaught, end with one line and ``LAUNCH_FAILED`` (7).
-
-    The report is already printed: a traceback through tether's launcher would only repeat
-    the root cause. The exception stays catchable and its text the same; only the last
-    resort changes (the excepthook, which Python calls for an uncaught exception).
-    """
-    previous = sys.excepthook
-
-    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if exc is not error:
-            previous(kind, exc, tb)
-            return
-        sys.stderr.write(f"tether.JobFailed: {exc} (exit code {int(ExitCode.LAUNCH_FAILED)})\n")
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(int(ExitCode.LAUNCH_FAILED))
-
-    sys.excepthook = excepthook
 
 
 def _line(code: int | None, records: list[FailureRecord], rank: int) -> str:

@@ -1,4 +1,4 @@
-"""Stores the failure channel can live on, for jobs whose own store cannot carry it."""
+"""The stores a job runs on: the launcher's, and the failure channel's when the job's own cannot carry it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextlib
 import datetime
 import socket
 
-from torch._C._distributed_c10d import Store, TCPStore
+from torch._C._distributed_c10d import FileStore, Store, TCPStore
 
 
 def channel_beside(
@@ -39,3 +39,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def job_store(addr: str, port: int | None, world: int, node_rank: int, shared_file: str | None) -> tuple[TCPStore, str]:
+    """The job's store: node 0's launcher hosts it; with ``file://`` its address travels in the file."""
+    five = datetime.timedelta(minutes=5)
+    if shared_file is None:
+        return TCPStore(addr, port or 0, world, node_rank == 0, timeout=five, wait_for_workers=False), addr
+    shared = FileStore(shared_file, -1)
+    shared.set_timeout(five)
+    key = "tether/spawn/address"
+    if node_rank == 0:
+        store = TCPStore(addr, 0, world, True, timeout=five, wait_for_workers=False)
+        shared.set(key, f"{addr}:{store.port}")
+        return store, addr
+    host, _, got = shared.get(key).decode().rpartition(":")
+    return TCPStore(host, int(got), world, False, timeout=five), host
