@@ -8,8 +8,10 @@ is never lost: nothing here reads a heartbeat from a rank's own Python threads.
   (``channel.register``). A judge on the same host reads ``/proc/<pid>/stat``:
 
   - gone (no entry, or a zombie), and ``P/done/<rank>`` unset: the process ended without
-    posting anything (SIGKILL, a crash, ``os._exit``). Found within one ``period``
-    (0.2 s), under every launcher.
+    posting anything (SIGKILL, a crash, ``os._exit``). Found within one judging period:
+    0.2 s for ``tether.spawn``'s launcher (whose process sentinel usually fires first),
+    0.5 s for a rank's keeper (under torchrun the agent's SIGTERM, 0.1 s after the death,
+    usually makes the survivors judge at once: ``Watchdog.sweep``).
   - stopped (state ``T``: SIGSTOP, or ``t``: a tracer) for longer than ``lost_after``:
     frozen. The judge posts the loss and then SIGKILLs the process, which cannot
     recover the job and would otherwise outlive it (torchrun waits 30 s between its

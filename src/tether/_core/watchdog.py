@@ -12,7 +12,7 @@ known:
   without taking the coming connection loss for a failure; on ``"stop"`` it returns.
   Idle cost: one blocked connection, no CPU, no store operations. On a store without
   queues it polls the failure counter every ``period`` instead (one warning says so).
-* **keeper** wakes every ``period`` (0.2 s) and when a signal arrives (it reads the
+* **keeper** wakes every 0.5 s while it judges liveness (1 s otherwise) and when a signal arrives (it reads the
   interpreter's wakeup fd, which the C-level signal handler writes without the GIL): it
   wakes a main thread blocked in a store wait so that the Python handler can run
   (SIGINT/SIGTERM are honoured within one store round trip), expires and reports stalls
@@ -62,7 +62,9 @@ log = logging.getLogger("tether")
 RULE = "=" * 72
 ABORT = "abort"  # written to the key of a store wait to wake the main thread
 EXPIRED = "expired"  # written by the keeper when a store wait reaches its timeout
-PERIOD = 0.2
+PERIOD = 0.2  # a polled channel's period, and the listener's pause after an error
+JUDGE_PERIOD = 0.5  # the keeper's period while it judges the host's other ranks
+IDLE_PERIOD = 1.0  # ... and while it only waits for signals and its wait's deadlines
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ class Watchdog:
         self._sig_r, self.signal_fd = os.pipe()  # the write end goes to signal.set_wakeup_fd
         os.set_blocking(self._sig_r, False)
         os.set_blocking(self.signal_fd, False)
+        # a signal wakes the keeper at once; a deadline is seen within one period of its wait's start
+        self._period = JUDGE_PERIOD if judge is not None or nodes is not None else IDLE_PERIOD
         self._threads = [
             threading.Thread(target=self._listen, name="tether-listener", daemon=True),
             threading.Thread(target=self._keep, name="tether-keeper", daemon=True),
@@ -315,7 +319,7 @@ class Watchdog:
                     wait = self._wait
                 now = self._clock()
                 marks = [m for m in (wait.deadline, wait.stall_at) if m is not None]
-                timeout = max(0.0, min([PERIOD, *(m - now for m in marks)]))
+                timeout = max(0.0, min([self._period, *(m - now for m in marks)]))
                 readable, _, _ = select.select([self._sig_r], [], [], timeout)
                 if self._stop.is_set():
                     return
