@@ -416,15 +416,28 @@ def idle_table(idle: dict[str, object]) -> str:
     def share(group: str) -> list[float]:
         return [float(f["cpu"]) / float(f["wall"]) for k, f in files.items() if _idle_group(k) == group]  # type: ignore[arg-type]
 
+    def own_threads(group: str) -> list[float]:
+        """CPU share of tether's own threads (tether-*) per rank of ``group``."""
+        out = []
+        for k, f in files.items():
+            if _idle_group(k) == group:
+                ms = sum(v for t, v in f.get("thread_ms", {}).items() if t.startswith("tether-"))  # type: ignore[union-attr]
+                out.append(ms / 1e3 / float(f["wall"]))  # type: ignore[arg-type]
+        return out
+
     raw = share("raw")
     for group, label in (("tether", "tether.spawn"), ("tether_torchrun", "torchrun")):
         mine = share(group)
         if mine and raw:
             extra = statistics.mean(mine) - statistics.mean(raw)
+            threads = own_threads(group)
             lines += [
                 "",
-                f"tether's own idle cost under {label} (mean {group} rank - mean raw gloo rank): "
-                f"{extra * 100:+.3f} % CPU ({extra * 60:+.4f} CPU s per minute).",
+                f"tether's own idle cost under {label}: its threads alone (tether-listener, tether-keeper) "
+                f"{min(threads) * 100:.3f}-{max(threads) * 100:.3f} % CPU per rank "
+                f"({statistics.mean(threads) * 60:.4f} CPU s per minute, mean); mean {group} rank - mean raw gloo "
+                f"rank: {extra * 100:+.3f} % CPU ({extra * 60:+.4f} CPU s per minute; the gloo loop's own "
+                "variation is of the same size).",
             ]
     return "\n".join(lines)
 
@@ -574,6 +587,30 @@ def summarize(
     return out
 
 
+def _outliers(runs: list[dict[str, object]]) -> list[str]:
+    """One line per run whose slowest survivor was far slower than its cell's median."""
+    out = []
+    for r in runs:
+        cell = [
+            float(x["notice_max"])  # type: ignore[arg-type]
+            for x in runs
+            if x["launcher"] == r["launcher"] and x["kind"] == r["kind"] and x["n"] == r["n"] and x["notice_max"]
+        ]
+        worst = r["notice_max"]
+        if worst is None or not cell:
+            continue
+        med = statistics.median(cell)
+        if float(worst) > 2 * med and float(worst) - med > 0.1:  # type: ignore[arg-type]
+            notice = ", ".join(_ms(x) for x in r["notice"])  # type: ignore[attr-defined]
+            posted = ", ".join(_ms(x) for x in r["posted"])  # type: ignore[attr-defined]
+            out.append(
+                f"* {r['launcher']} {r['kind']} {r['n']} ranks, repeat {r.get('repeat')}: survivors raised after "
+                f"[{notice}] ms (cell median {_ms(med)}), the record they raised was posted [{posted}] ms after "
+                f"the fault by {r['reporter']} (-1: the launcher), exceptions {r['exc']}, load {float(r['load']):.1f}"  # type: ignore[arg-type]
+            )
+    return out
+
+
 def _ms(x: float | None) -> str:
     return "—" if x is None else f"{x * 1e3:.1f}"
 
@@ -602,8 +639,9 @@ def fault_tables(
         sep,
     ]
     b = [
-        "(b) fault → every process gone, s: launcher exit (ranks reaped by `tether.spawn` in brackets; "
-        "min-max over repeats below)",
+        "(b) fault → every process gone, s: launcher exit ("
+        + ("ranks reaped by `tether.spawn` in brackets" if not sigterm else "torchrun's exit; ranks reaped: not known")
+        + "; min-max over repeats below)",
         "",
         "| kind | " + " | ".join(f"{n} ranks" for n in ranks) + " |",
         "|---|" + "---|" * len(ranks),
@@ -703,6 +741,19 @@ LAUNCHER_TITLE = {
 }
 
 
+def _command_line() -> str:
+    """This run's arguments, with ``--note``'s text left out (it is printed above)."""
+    out, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            out.append('"…"')
+            skip = False
+            continue
+        out.append(a)
+        skip = a == "--note"
+    return " ".join(out)
+
+
 def main() -> None:
     import _proc
 
@@ -770,9 +821,10 @@ def main() -> None:
     started = time.monotonic()
     if not args.idle_only:
         for launcher in launchers:
-            quiet[launcher] = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"the {launcher} runs")
-            print(f"[{launcher}: {quiet[launcher].describe()}]", flush=True)
             for n in ranks:
+                section = f"{launcher}, {n} ranks"
+                quiet[section] = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=section)
+                print(f"[{section}: {quiet[section].describe()}]", flush=True)
                 repeats = args.repeats or (1 if args.quick or n >= 16 else 3)
                 for rep in range(repeats):
                     for kind in kinds[launcher]:  # kinds interleaved within a repeat
@@ -807,7 +859,7 @@ def main() -> None:
         "# tether fault benchmarks",
         "",
         *([args.note, ""] if args.note else []),
-        f"`python benchmarks/faults.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"`python benchmarks/faults.py {_command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
         f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min). gloo; "
         f"sigstop with lost_after={args.lost_after} s (heartbeat={args.heartbeat} s, used by node heartbeats "
         "only, and this is one node); other kinds with the default watchdog settings (grace 5 s).",
@@ -815,22 +867,24 @@ def main() -> None:
     ]
     if quiet:
         lines += [
-            "Load (1-minute average) before each section, after waiting for it to drop below "
+            "Load (1-minute average) before each launcher and world size, after waiting for it to drop below "
             f"{args.wait_load:g}: " + "; ".join(f"{k}: {q.describe()}" for k, q in quiet.items()) + ".",
             "",
         ]
     summaries = {}
     if runs:
         for launcher in launchers:
-            mine = [r for r in runs if r["launcher"] == launcher]
-            loads = [float(r["load"]) for r in mine]  # type: ignore[arg-type]
+            spans = []
+            for n in ranks:
+                loads = [float(r["load"]) for r in runs if r["launcher"] == launcher and r["n"] == n]  # type: ignore[arg-type]
+                if loads:
+                    spans.append(f"{n} ranks {min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f})")
             summary = summarize(runs, kinds[launcher], ranks, launcher)
             summaries[launcher] = summary
             lines += [
                 f"## {LAUNCHER_TITLE[launcher]}",
                 "",
-                f"Load at the start of each run: {min(loads):.1f}-{max(loads):.1f} "
-                f"(median {statistics.median(loads):.1f}).",
+                f"Load (1-minute average) at the start of each run: {'; '.join(spans)}.",
                 "",
                 fault_tables(summary, kinds[launcher], ranks, launcher),
                 "",
@@ -848,6 +902,12 @@ def main() -> None:
             + (f" ⚠ {problems}" if bad else "")
         )
         lines.append("")
+        outliers = _outliers(runs)
+        lines.append(
+            "Outliers (a run whose slowest survivor took more than twice its cell's median and 100 ms more): "
+            + (str(len(outliers)) if not outliers else f"{len(outliers)} ⚠")
+        )
+        lines += ["", *outliers, ""] if outliers else [""]
         if floor is not None:
             lines += [
                 f"For scale: a process that imported torch and calls `os._exit` is seen gone by its parent "

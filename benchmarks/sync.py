@@ -246,6 +246,19 @@ def verdicts(results: list[dict[str, object]]) -> list[str]:
     return out
 
 
+def _command_line() -> str:
+    """This run's arguments, with ``--note``'s text left out (it is printed above)."""
+    out, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            out.append('"…"')
+            skip = False
+            continue
+        out.append(a)
+        skip = a == "--note"
+    return " ".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
@@ -286,7 +299,7 @@ def main() -> None:
             "# tether sync benchmarks",
             "",
             *([args.note, ""] if args.note else []),
-            f"`python benchmarks/sync.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"`python benchmarks/sync.py {_command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
             "torchrun, gloo.",
             "",
