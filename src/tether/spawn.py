@@ -157,7 +157,7 @@ class _Supervisor:
         self.deadline: float | None = None
         self.codes: dict[int, int | None] = {}
         config = options.watchdog
-        self.judge = PeerJudge(channel, config.lost_after, time.monotonic)
+        self.judge = PeerJudge(channel, config.lost_after, time.monotonic, deaths=False)  # sentinels see deaths
         nproc = len(procs)
         self.nodes = NodeWatch(channel, first_rank // nproc, nnodes, nproc, config.lost_after, time.monotonic)
         self.heartbeat = config.heartbeat

@@ -78,6 +78,7 @@ class PeerJudge:
         clock: monotonic seconds (injectable for tests).
         pids: rank -> pid to judge; a rank judge fills it from its host's registrations.
         kill: SIGKILL a frozen process once its loss is posted.
+        deaths: judge processes that are gone too (False: only stopped ones).
     """
 
     channel: Channel
@@ -85,6 +86,7 @@ class PeerJudge:
     clock: Callable[[], float]
     pids: dict[int, int] = field(default_factory=dict)
     kill: bool = True
+    deaths: bool = True
     lost: set[int] = field(default_factory=set)  # ranks this judge found lost (posted by it or another)
     _stopped_since: dict[int, float] = field(default_factory=dict)
     _judged: set[int] = field(default_factory=set)
@@ -100,6 +102,8 @@ class PeerJudge:
             if rank in self._judged:
                 continue
             state = process_state(pid)
+            if state is None and not self.deaths:
+                continue  # its launcher reads the exit status, which says more (the signal, the code)
             if state is None:
                 self._judged.add(rank)
                 if self.channel.done(rank, client) is not None:

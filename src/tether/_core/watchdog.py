@@ -181,6 +181,9 @@ class Watchdog:
             if self.failure is not None:
                 self._raise()
             self._wait = _Wait(event, key, deadline, stall_at, on_stall)
+        if deadline is not None and key is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.signal_fd, b"\0")  # the keeper sleeps up to a period: let it see the deadline
 
     def end_wait(self) -> None:
         with self._lock:
@@ -323,6 +326,8 @@ class Watchdog:
                 readable, _, _ = select.select([self._sig_r], [], [], timeout)
                 if self._stop.is_set():
                     return
+                with self._lock:
+                    wait = self._wait  # the wait now: it may have begun while this thread slept
                 if readable and os.read(self._sig_r, 64).strip(b"\0"):
                     self._wake(wait, ABORT, client)  # a signal: let the main thread's handler run
                 now = self._clock()
