@@ -137,6 +137,12 @@ class Channel:
         """A fresh connection for a thread that blocks (the listener, the keeper)."""
         return clone(self._store)
 
+    @property
+    def connection(self) -> Store:
+        """The channel's own connection (posting, queries): open already, so using it never
+        waits to connect to a store whose host may be gone, as ``client`` would."""
+        return self._store
+
     # --- failures -----------------------------------------------------------------
 
     def post(self, record: FailureRecord) -> FailureRecord:

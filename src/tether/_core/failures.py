@@ -56,7 +56,7 @@ def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
     peers that have all stopped because of this very failure.
     """
     assert ctx.watchdog is not None and ctx.channel is not None
-    ctx.watchdog.deliver(error_from_record(record), ctx.channel.client())
+    ctx.watchdog.deliver(error_from_record(record), ctx.channel.connection)
 
 
 def _write_error_file(path: str | None, exc: BaseException, record: FailureRecord | None, victim: bool) -> None:

@@ -255,7 +255,7 @@ class Watchdog:
     def sweep(self) -> TetherError | None:
         """Judge this host's ranks now, on the caller's thread; the failure found, if any."""
         if self.judge is not None:
-            client = self.channel.client()
+            client = self.channel.connection
             self.post_and_deliver(self.judge.check(client, now=True), client)
             if self.judge.lost and self.failure is None:  # another judge won the claim: its post is coming
                 self.wait_for_failure(ROOT_WAIT)
