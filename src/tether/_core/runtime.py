@@ -17,9 +17,8 @@ outlives it can touch a later one.
 
 ``finalize`` ends the rank's part: on the happy path it records that the rank left and
 destroys the group (the store's host first waits until every rank left); after a failure
-it never blocks (see ``backends``), and after a failure the rank handled it ends the rank
-cleanly, ladder disarmed. A process that exits without ``finalize`` retires its context
-at exit (``atexit``), so no thread of tether's is left inside a store call at teardown.
+it never blocks (see ``backends``) and ends the rank cleanly, ladder disarmed. Without
+``finalize``, the context retires at exit (``atexit``), before torch's teardown.
 """
 
 from __future__ import annotations
