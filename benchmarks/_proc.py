@@ -9,6 +9,8 @@ scanning /proc that no process of the job is left.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.util
 import os
 import signal
 import socket
@@ -124,6 +126,56 @@ def wait_for_load(limit: float = 1.5, poll: float = 20.0, up_to: float = 900.0, 
     quiet.load_after = load
     quiet.met = limit <= 0 or load < limit
     return quiet
+
+
+def library_state() -> dict[str, object]:
+    """Which tether the jobs import, and whether it is the committed one.
+
+    Other people edit ``src/`` while benchmarks run (the install is editable): to measure
+    one revision, run with ``PYTHONPATH`` at a frozen copy (``git archive HEAD src | tar -x
+    -C DIR``). Returns the package's path, a digest of its files, HEAD, and whether the
+    files are byte-identical to HEAD's ``src/tether``.
+    """
+    spec = importlib.util.find_spec("tether")
+    assert spec is not None and spec.origin is not None
+    pkg = Path(spec.origin).parent
+    files = {
+        f.relative_to(pkg).as_posix(): f.read_bytes()
+        for f in sorted(pkg.rglob("*"))
+        if f.is_file() and "__pycache__" not in f.parts
+    }
+    digest = hashlib.sha1(b"".join(k.encode() + b"\0" + v for k, v in files.items())).hexdigest()[:12]
+    git = ["git", "-C", str(ROOT)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        tree = subprocess.run(
+            [*git, "ls-tree", "-r", "HEAD", "src/tether/"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {"path": str(pkg), "digest": digest, "head": None, "identical_to_head": None}
+    committed = {}
+    for line in tree.splitlines():
+        meta, _, path = line.partition("\t")
+        committed[path.removeprefix("src/tether/")] = meta.split()[2]
+    mine = {k: hashlib.sha1(b"blob %d\0" % len(v) + v).hexdigest() for k, v in files.items()}
+    return {"path": str(pkg), "digest": digest, "head": head.stdout.strip(), "identical_to_head": mine == committed}
+
+
+def describe_library(start: dict[str, object], end: dict[str, object]) -> str:
+    """One sentence: the tether measured, and whether it changed during the run."""
+    where = Path(str(start["path"]))
+    with contextlib.suppress(ValueError):
+        where = where.relative_to(ROOT)
+    text = f"tether imported from `{where}` (files digest {start['digest']})"
+    if start["identical_to_head"]:
+        text += f", byte-identical to commit {start['head']}"
+    elif start["identical_to_head"] is False:
+        text += f", ⚠ not identical to commit {start['head']} (HEAD at the start)"
+    if end["digest"] != start["digest"]:
+        text += f"; ⚠ its files changed during the run (digest {start['digest']} → {end['digest']})"
+    else:
+        text += "; unchanged during the run"
+    return text + "."
 
 
 def exit_on_sigterm() -> None:

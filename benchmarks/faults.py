@@ -812,6 +812,7 @@ def main() -> None:
         return
 
     _proc.exit_on_sigterm()
+    library = [_proc.library_state()]
     ranks = args.ranks or ([2, 4] if args.quick else [2, 4, 8, 16])
     idle_seconds = args.idle_seconds or (5.0 if args.quick else 20.0)
     launchers = list(dict.fromkeys(args.launcher))
@@ -854,6 +855,7 @@ def main() -> None:
     all_kinds = {k for launcher in launchers for k in kinds[launcher]}
     floor = exit_floor() if {"exit", "sigkill"} & all_kinds and not args.idle_only else None
 
+    library.append(_proc.library_state())
     one, five, fifteen = os.getloadavg()
     lines = [
         "# tether fault benchmarks",
@@ -863,6 +865,8 @@ def main() -> None:
         f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min). gloo; "
         f"sigstop with lost_after={args.lost_after} s (heartbeat={args.heartbeat} s, used by node heartbeats "
         "only, and this is one node); other kinds with the default watchdog settings (grace 5 s).",
+        "",
+        _proc.describe_library(*library),
         "",
     ]
     if quiet:
@@ -945,7 +949,13 @@ def main() -> None:
     (args.out / "faults.md").write_text(text)
     (args.out / "faults.json").write_text(
         json.dumps(
-            {"argv": sys.argv[1:], "runs": runs, "idle": idle, "load": {k: vars(q) for k, q in quiet.items()}},
+            {
+                "argv": sys.argv[1:],
+                "library": library,
+                "runs": runs,
+                "idle": idle,
+                "load": {k: vars(q) for k, q in quiet.items()},
+            },
             indent=1,
             default=str,
         )

@@ -284,6 +284,7 @@ def main() -> None:
         import ignite  # noqa: F401
     except ImportError:
         print("pytorch-ignite is not importable: ignite columns skipped (pip install -e '.[bench]')")
+    library = [_proc.library_state()]
     results = []
     quiet = {}
     for n in args.ranks:
@@ -293,6 +294,7 @@ def main() -> None:
         results.append(run_world(n, rounds, args.quick, bound=120 + 40 * n * rounds / 5))
         results[-1]["load"] = vars(quiet[n])
         print(f"[{n} ranks: {time.monotonic() - t0:.0f} s]", flush=True)
+    library.append(_proc.library_state())
     one, five, fifteen = os.getloadavg()
     text = "\n".join(
         [
@@ -302,6 +304,8 @@ def main() -> None:
             f"`python benchmarks/sync.py {_command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
             "torchrun, gloo.",
+            "",
+            _proc.describe_library(*library),
             "",
             "Load (1-minute average) before each world size, after waiting for it to drop below "
             f"{args.wait_load:g}: " + "; ".join(f"{n} ranks: {q.describe()}" for n, q in quiet.items()) + ".",
