@@ -134,6 +134,7 @@ def failure_behind_stop(ctx: Context) -> TetherError | None:
     """The peer failure that explains a SIGTERM, or None when the stop is this rank's own.
 
     torchrun's agent SIGTERMs every other worker 0.1 s after one worker's process ended.
+    A record already posted explains it (the listener may not have delivered it yet).
     A judge's sweep of this host's ranks (from /proc, milliseconds) finds a rank that
     died without a word; for ranks on other hosts a whereabouts query does: a rank that
     neither answers within ``answer_within`` nor left cleanly is posted as lost. Runs on
@@ -143,7 +144,13 @@ def failure_behind_stop(ctx: Context) -> TetherError | None:
     if watchdog is None or channel is None:
         return None
     try:
-        if watchdog.failure is not None or watchdog.sweep() is not None:
+        if watchdog.failure is not None:
+            return watchdog.failure
+        root = channel.root_cause(channel.connection)  # posted, but not delivered here yet
+        if root is not None and not (root.rank == channel.rank and root.reporter == channel.rank):
+            watchdog.deliver(error_from_record(root), None)
+            return watchdog.failure
+        if watchdog.sweep() is not None:
             return watchdog.failure
         answers = channel.ask_whereabouts(range(channel.world_size), ctx.settings.answer_within)
         if watchdog.failure is not None:
