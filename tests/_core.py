@@ -113,3 +113,15 @@ def assert_contained(
     # 4. nothing is left
     assert_no_leftovers(res)
     return got
+
+
+def lc_events(res: Any, event: str) -> list[dict[str, Any]]:
+    """A lifecycle job's ``LC {json}`` lines of one event (torchrun may prefix a line with ``[rankN]:``)."""
+    found = []
+    for line in res.stdout.splitlines():
+        at = line.find("LC {")
+        if at >= 0:
+            data = json.loads(line[at + 3 :])
+            if data["event"] == event:
+                found.append(data)
+    return found

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from _core import lc_events as events
 from _core import tail
 from _harness import JOBS, Result, free_port, python, run, torchrun
 
@@ -33,18 +34,6 @@ SPAWN_REPORT = "tether: job failed. Root cause: "
 METHODS = ("env", "tcp", "file")
 LATE = 0.5  # as lifecycle_cycles.LATE
 full = pytest.mark.full
-
-
-def events(res: Result, event: str) -> list[dict[str, Any]]:
-    """The job's ``LC`` lines of one event (torchrun may prefix a line with ``[rankN]:``)."""
-    found = []
-    for line in res.stdout.splitlines():
-        at = line.find("LC {")
-        if at >= 0:
-            data = json.loads(line[at + 3 :])
-            if data["event"] == event:
-                found.append(data)
-    return found
 
 
 def dirty(lines: list[str]) -> list[str]:

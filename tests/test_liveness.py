@@ -13,30 +13,18 @@ exception on every survivor, the root cause in the output, and that no process i
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import pytest
 
+from _core import lc_events as events
 from _core import tail
 from _harness import Result, python, torchrun
 
 BOUND = 120.0
 SPAWN_REPORT = "tether: job failed. Root cause: "
 TORCHRUN_REPORT = "Root Cause (first observed failure):"
-
-
-def events(res: Result, event: str) -> list[dict[str, Any]]:
-    """The job's ``LC`` lines of one event (torchrun may prefix a line with ``[rankN]:``)."""
-    found = []
-    for line in res.stdout.splitlines():
-        at = line.find("LC {")
-        if at >= 0:
-            data = json.loads(line[at + 3 :])
-            if data["event"] == event:
-                found.append(data)
-    return found
 
 
 def by_rank(res: Result, event: str) -> dict[int, dict[str, Any]]:

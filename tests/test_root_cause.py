@@ -14,29 +14,17 @@ is left.
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any
 
 import pytest
 
 from _core import NOTICE, tail
-from _harness import Result, python
+from _core import lc_events as events
+from _harness import python
 
 BOUND = 120.0
 SPAWN_REPORT = "tether: job failed. Root cause: "
 JOBS_IN_A_ROW = 3
-
-
-def events(res: Result, event: str) -> list[dict[str, Any]]:
-    found = []
-    for line in res.stdout.splitlines():
-        at = line.find("LC {")
-        if at >= 0:
-            data = json.loads(line[at + 3 :])
-            if data["event"] == event:
-                found.append(data)
-    return found
 
 
 def root_lines(stderr: str) -> list[str]:

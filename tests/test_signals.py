@@ -12,13 +12,12 @@ both ranks, the root cause (rank 0, the signal) in the output, and that no proce
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from _core import lc_events as events
 from _core import tail
 from _harness import Result, python, torchrun
 
@@ -27,18 +26,6 @@ LATENCY = 0.5
 SPAWN_REPORT = "tether: job failed. Root cause: "
 TORCHRUN_REPORT = "Root Cause (first observed failure):"
 full = pytest.mark.full
-
-
-def events(res: Result, event: str) -> list[dict[str, Any]]:
-    """The job's ``LC`` lines of one event (torchrun may prefix a line with ``[rankN]:``)."""
-    found = []
-    for line in res.stdout.splitlines():
-        at = line.find("LC {")
-        if at >= 0:
-            data = json.loads(line[at + 3 :])
-            if data["event"] == event:
-                found.append(data)
-    return found
 
 
 def names_signal(text: str, signame: str) -> bool:
