@@ -9,6 +9,7 @@ and adds tether's detail after it; checks ignite does not make have tether's own
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import os
 import pickle
@@ -382,3 +383,11 @@ def check_start_method(fn: Callable[..., Any], asked: str | None) -> str:
             f"({type(exc).__name__}: {exc}); define it at module level, or use start_method='fork'"
         ) from None
     return asked
+
+
+def to_timedelta(timeout: object) -> datetime.timedelta | None:
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        return timeout
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+        return datetime.timedelta(seconds=timeout)
+    raise ValueError(f"timeout must be a datetime.timedelta or a positive number of seconds, got {timeout!r}")

@@ -38,11 +38,12 @@ from typing import Any
 from torch._C._distributed_c10d import TCPStore
 
 from . import _checks
+from ._checks import to_timedelta
 from ._core.channel import Channel, generation
 from ._core.failures import report_failure
 from ._core.hooks import exit_code_for, is_success
 from ._core.liveness import NodeWatch, PeerJudge
-from ._core.options import Launch, Options, to_timedelta
+from ._core.options import Launch, Options
 from ._core.record import KIND_EXIT, KIND_SIGNAL, FailureRecord, describe_exit
 from ._core.runtime import finalize, start
 from ._core.stores import job_store

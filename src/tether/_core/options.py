@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,11 +45,3 @@ class Launch:
     owned: bool  # a tether.spawn worker, or under torchrun/srun: an uncaught failure ends it
     judge_peers: bool  # judge the other ranks of this host (not under tether.spawn: its launcher does)
     node_beats: bool = True  # beat this node's heartbeat (under tether.spawn the launcher does)
-
-
-def to_timedelta(timeout: object) -> datetime.timedelta | None:
-    if timeout is None or isinstance(timeout, datetime.timedelta):
-        return timeout
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
-        return datetime.timedelta(seconds=timeout)
-    raise ValueError(f"timeout must be a datetime.timedelta or a positive number of seconds, got {timeout!r}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store
 
-from .. import _slurm
+from .. import _checks, _slurm
 from .._env import LaunchEnv, Topology, from_torchrun, parse_init_method
 from . import context
 from .channel import wait_keys
@@ -25,12 +25,9 @@ def read_launch_env(env: dict[str, str], init_method: str | None, rank: Any, wor
         if rank is not None or world_size is not None:
             raise ValueError("initialize: rank= and world_size= must not be given under SLURM: srun sets them")
         env = {**env, **_slurm.torchrun_vars(env)}
-    if rank is not None or world_size is not None:
-        if not isinstance(rank, int) or not isinstance(world_size, int):
-            raise ValueError(
-                "Both rank and world_size should be provided, as int (initialize: got "
-                f"rank={rank!r}, world_size={world_size!r})"
-            )
+    given = _checks.check_rank_and_world_size(rank, world_size)
+    if given is not None:
+        rank, world_size = given
         env = {**env, "RANK": str(rank), "WORLD_SIZE": str(world_size)}
         if "LOCAL_RANK" not in env:
             env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))

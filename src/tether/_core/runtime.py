@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
 
 from .. import _slurm
+from .._checks import to_timedelta
 from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
 from . import context
@@ -47,7 +48,7 @@ from .context import Context
 from .failures import report_failure
 from .hooks import Hooks
 from .liveness import HostJudge, NodeWatch
-from .options import Launch, Options, to_timedelta
+from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
 from .stores import channel_beside
 from .watchdog import Watchdog, WatchdogConfig
