@@ -182,6 +182,7 @@ def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit, so that ``run`` kills the job it is waiting on."""
 
     def handler(signum: int, frame: object) -> None:
+        sys.stderr.write(f"[{time.strftime('%H:%M:%S')}: got {signal.Signals(signum).name}: stopping]\n")
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
