@@ -125,8 +125,7 @@ def _watch(
         abort=backend.abort,
         group_gone=lambda: dist.group.WORLD is not pg,
     )
-    # The main thread's syncs get their own connection: a wait there must never delay the
-    # process group's own use of the store, nor the watchdog's.
+    # the main thread's syncs get their own connection: never delaying the group's, nor the watchdog's
     ctx = Context(
         backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file, pg, owns_group, keep_alive
     )
