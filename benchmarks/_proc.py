@@ -178,11 +178,19 @@ def describe_library(start: dict[str, object], end: dict[str, object]) -> str:
     return text + "."
 
 
-def exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit, so that ``run`` kills the job it is waiting on."""
+def exit_on_sigterm(ignore: bool = False) -> None:
+    """Turn SIGTERM into SystemExit, so that ``run`` kills the job it is waiting on.
+
+    ``ignore``: log a SIGTERM and go on instead (Ctrl-C still stops the driver). On a
+    shared machine whose pid space wraps (``/proc/sys/kernel/pid_max`` 32768 here), a
+    SIGTERM meant for another job's long-gone process can reach a long-running driver.
+    A handler, unlike SIG_IGN, is not inherited by the jobs: they get SIGTERM as usual.
+    """
 
     def handler(signum: int, frame: object) -> None:
-        sys.stderr.write(f"[{time.strftime('%H:%M:%S')}: got {signal.Signals(signum).name}: stopping]\n")
-        raise SystemExit(128 + signum)
+        what = "ignored (--ignore-sigterm)" if ignore else "stopping"
+        sys.stderr.write(f"[{time.strftime('%H:%M:%S')}: got {signal.Signals(signum).name}: {what}]\n")
+        if not ignore:
+            raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)

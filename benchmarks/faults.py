@@ -783,6 +783,9 @@ def main() -> None:
     )
     parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where faults.md/.png/.json go")
+    parser.add_argument(
+        "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
+    )
     parser.add_argument("--note", default="", help="a paragraph to put under the title of faults.md")
     parser.add_argument("--_launch", nargs=3, metavar=("KIND", "N", "OUTDIR"), help=argparse.SUPPRESS)
     parser.add_argument("--_torchrun-worker", nargs=2, metavar=("KIND", "OUTDIR"), help=argparse.SUPPRESS)
@@ -811,7 +814,7 @@ def main() -> None:
         idle_plain(float(args._idle_plain[0]), args._idle_plain[1])
         return
 
-    _proc.exit_on_sigterm()
+    _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
     library = [_proc.library_state()]
     ranks = args.ranks or ([2, 4] if args.quick else [2, 4, 8, 16])
     idle_seconds = args.idle_seconds or (5.0 if args.quick else 20.0)

@@ -270,6 +270,9 @@ def main() -> None:
         "--wait-load", type=float, default=1.5, help="wait for a 1-minute load below this before each world (0: no)"
     )
     parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
+    parser.add_argument(
+        "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
+    )
     parser.add_argument("--note", default="", help="a paragraph to put under the title of the markdown copy")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -279,7 +282,7 @@ def main() -> None:
         return
     import _proc
 
-    _proc.exit_on_sigterm()
+    _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
     try:
         import ignite  # noqa: F401
     except ImportError:
