@@ -146,19 +146,28 @@ def library_state() -> dict[str, object]:
     }
     digest = hashlib.sha1(b"".join(k.encode() + b"\0" + v for k, v in files.items())).hexdigest()[:12]
     git = ["git", "-C", str(ROOT)]
+    mine = {k: hashlib.sha1(b"blob %d\0" % len(v) + v).hexdigest() for k, v in files.items()}
+
+    def tree(commit: str) -> dict[str, str]:
+        out = subprocess.run(
+            [*git, "ls-tree", "-r", commit, "src/tether/"], capture_output=True, text=True, check=True
+        ).stdout
+        return {
+            path.removeprefix("src/tether/"): meta.split()[2]
+            for meta, _, path in (line.partition("\t") for line in out.splitlines())
+        }
+
     try:
         head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        tree = subprocess.run(
-            [*git, "ls-tree", "-r", "HEAD", "src/tether/"], capture_output=True, text=True, check=True
-        ).stdout
+        recent = subprocess.run(
+            [*git, "log", "--format=%h", "-n", "50", "--", "src/tether"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        same = mine == tree("HEAD")
+        match = head.stdout.strip() if same else next((c for c in recent if tree(c) == mine), None)
     except (OSError, subprocess.CalledProcessError):
-        return {"path": str(pkg), "digest": digest, "head": None, "identical_to_head": None}
-    committed = {}
-    for line in tree.splitlines():
-        meta, _, path = line.partition("\t")
-        committed[path.removeprefix("src/tether/")] = meta.split()[2]
-    mine = {k: hashlib.sha1(b"blob %d\0" % len(v) + v).hexdigest() for k, v in files.items()}
-    return {"path": str(pkg), "digest": digest, "head": head.stdout.strip(), "identical_to_head": mine == committed}
+        return {"path": str(pkg), "digest": digest, "head": None, "identical_to_head": None, "commit": None}
+    # commit: the newest commit whose src/tether has exactly these files (None: none of the last 50)
+    return {"path": str(pkg), "digest": digest, "head": head.stdout.strip(), "identical_to_head": same, "commit": match}
 
 
 def describe_library(start: dict[str, object], end: dict[str, object]) -> str:
@@ -168,9 +177,11 @@ def describe_library(start: dict[str, object], end: dict[str, object]) -> str:
         where = where.relative_to(ROOT)
     text = f"tether imported from `{where}` (files digest {start['digest']})"
     if start["identical_to_head"]:
-        text += f", byte-identical to commit {start['head']}"
+        text += f", byte-identical to commit {start['head']} (HEAD at the start)"
+    elif start.get("commit"):
+        text += f", byte-identical to commit {start['commit']}'s src/tether (HEAD at the start: {start['head']})"
     elif start["identical_to_head"] is False:
-        text += f", ⚠ not identical to commit {start['head']} (HEAD at the start)"
+        text += f", ⚠ identical to no recent commit (HEAD at the start: {start['head']}): uncommitted changes"
     if end["digest"] != start["digest"]:
         text += f"; ⚠ its files changed during the run (digest {start['digest']} → {end['digest']})"
     else:
