@@ -59,7 +59,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
 from torch._C._distributed_c10d import Store
@@ -195,7 +195,9 @@ class Channel:
 
     # --- whereabouts queries ------------------------------------------------------
 
-    def ask_whereabouts(self, ranks: Sequence[int], answer_within: float) -> dict[int, str]:
+    def ask_whereabouts(
+        self, ranks: Sequence[int], answer_within: float, until: Callable[[], bool] = lambda: False
+    ) -> dict[int, str]:
         """Ask ``ranks`` what they are doing; returns rank -> answer for those that answered.
 
         A rank that does not answer within ``answer_within`` seconds is frozen, dead or
@@ -214,7 +216,7 @@ class Channel:
                     answers[r] = json.loads(self._store.get(k))["where"]
                     self._store.delete_key(k)
                     del keys[r]
-            if not keys or time.monotonic() >= deadline:
+            if not keys or time.monotonic() >= deadline or until():  # until: the answer no longer matters
                 break
             time.sleep(0.005)
         return answers

@@ -152,7 +152,9 @@ def failure_behind_stop(ctx: Context) -> TetherError | None:
             return watchdog.failure
         if watchdog.sweep() is not None:
             return watchdog.failure
-        answers = channel.ask_whereabouts(range(channel.world_size), ctx.settings.answer_within)
+        answers = channel.ask_whereabouts(
+            range(channel.world_size), ctx.settings.answer_within, until=lambda: watchdog.failure is not None
+        )
         if watchdog.failure is not None:
             return watchdog.failure
         silent = [
