@@ -69,6 +69,7 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
     state["phase"] = "all_reduce"
     total = idist.all_reduce(1)
     emit("BAD", {"rank": idist.get_rank(), "errors": errors, "sum": total})
+    idist.barrier()  # every rank has reported before any raises below (else a slow rank's sync sees it first)
     state["phase"] = "one_rank_first(rank=7) uncaught"
     with idist.one_rank_first(rank=7):
         state["phase"] = "block"
