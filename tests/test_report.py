@@ -286,3 +286,18 @@ def test_ctrl_c_to_the_launcher_is_an_interruption_not_a_rank_failure() -> None:
     assert err.count("tether: job interrupted (SIGINT); every rank stopped") == 1, err[-3000:]
     assert "Root cause" not in err, err[-3000:]
     assert took < 10.0 and left == []
+
+
+def test_the_same_error_on_every_rank_is_reported_once_and_names_no_culprit() -> None:
+    same = [record(rank=r, seq=r + 1, message="lr must be positive, got -0.1") for r in (1, 0, 2)]
+    text = render_report(same, {r: RankOutcome(r, 1, "raised it") for r in range(3)}, world_size=3)
+    assert "tether: job failed. Every rank raised ValueError: lr must be positive, got -0.1\n" in text
+    assert "Root cause" not in text and "Consequences" not in text
+    assert text.count("Traceback") == 1
+    # one rank fewer than the world, or one message different: a root cause and its consequences
+    assert "Root cause: rank 1 failed" in render_report(same, world_size=4)
+    other = [*same[:2], record(rank=2, seq=3, message="lr must be positive, got -0.2")]
+    assert "Root cause: rank 1 failed" in render_report(other, world_size=3)
+    error = JobFailed(same[0], {0: 1}, text, "every rank raised ValueError: lr must be positive, got -0.1")
+    assert str(error) == "job failed: every rank raised ValueError: lr must be positive, got -0.1"
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)

@@ -11,6 +11,7 @@ launcher it saw is gone.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,26 @@ def test_failure_on_node_1_reaches_node_0(launcher: str, capsys: pytest.CaptureF
     assert "ValueError: injected failure on node 1, rank 3" in result.stderr
     if launcher == "spawn":  # node 0's launcher prints the one root-cause report
         assert "Root cause: rank 3 failed: ValueError: injected failure on node 1, rank 3" in result.stderr
+    else:
+        assert_torchrun_output(result.stderr)
+    assert "warning" not in result.output.lower(), result.output[-4000:]
     assert_nothing_left(result, evs)
+
+
+def assert_torchrun_output(err: str) -> None:
+    """Issue 11: rank 3's traceback once (node 1's Root Cause), one line per victim, codes as documented."""
+    root = "ValueError: injected failure on node 1, rank 3"
+    # each node's torchrun prints its own ChildFailedError traceback; rank 3's is the third
+    assert err.count("Traceback (most recent call last)") == 3, err
+    ours = [line for line in err.splitlines() if line.startswith("[rank ")]
+    assert f"[rank 3] failed: {root} (its traceback is in torchrun's Root Cause report)" in ours, err
+    assert sorted(line.split("]")[0] for line in ours if f"stopped: PeerFailure: rank 3 failed: {root}" in line) == [
+        "[rank 0",
+        "[rank 1",
+        "[rank 2",
+    ], err
+    codes = {int(r): int(c) for r, c in re.findall(r"rank\s+: (\d+) \(local_rank: \d\)\n\s+exitcode\s+: (-?\d+)", err)}
+    assert codes == {0: 3, 1: 3, 2: 3, 3: 1}, err
 
 
 def test_whole_node_lost_is_detected_by_heartbeats(capsys: pytest.CaptureFixture[str]) -> None:

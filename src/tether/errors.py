@@ -186,16 +186,27 @@ class JobFailed(TetherError):
         record: the root cause, as posted on the channel (None if no rank posted one).
         exit_codes: local rank -> exit code of each worker this launcher started.
         report: the root-cause report, as printed.
+        cause: the report's one-line cause: ``record``'s headline, or ``"every rank raised
+            ValueError: ..."`` when every rank failed alike (then ``record`` is just the
+            first of them).
     """
 
     exit_code = ExitCode.LAUNCH_FAILED
 
-    def __init__(self, record: FailureRecord | None, exit_codes: Mapping[int, int | None], report: str) -> None:
+    def __init__(
+        self,
+        record: FailureRecord | None,
+        exit_codes: Mapping[int, int | None],
+        report: str,
+        cause: str | None = None,
+    ) -> None:
         self.record = record
         self.exit_codes = dict(exit_codes)
         self.report = report
-        cause = record.headline if record is not None else f"worker exit codes {self.exit_codes}"
+        if cause is None:
+            cause = record.headline if record is not None else f"worker exit codes {self.exit_codes}"
+        self.cause = cause
         super().__init__(f"job failed: {cause}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.record, self.exit_codes, self.report))
+        return (type(self), (self.record, self.exit_codes, self.report, self.cause))

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._core.record import FailureRecord, describe_exit
+from ._core.record import KIND_EXCEPTION, FailureRecord, describe_exit
 from .errors import ExitCode, JobFailed
 
 RULE = "=" * 72
@@ -29,12 +29,46 @@ class RankOutcome:
     line: str = ""  # overrides the line built from the exit code
 
 
-def render_report(records: Sequence[FailureRecord], outcomes: Mapping[int, RankOutcome] = {}) -> str:
-    """The job's one root-cause report (empty when nothing failed)."""
+def raised_everywhere(records: Sequence[FailureRecord], world_size: int | None) -> bool:
+    """True when every rank of the job raised the same error and nothing else failed.
+
+    The usual case is a bad argument (``tether._checks`` raises it identically on every
+    rank, before any collective): no rank is the culprit, so the report names none.
+    """
+    if world_size is None or len(records) != world_size or world_size < 2:
+        return False
+    first = records[0]
+    return len({r.rank for r in records}) == world_size and all(
+        r.kind == KIND_EXCEPTION and r.reporter == r.rank and (r.exc_type, r.message) == (first.exc_type, first.message)
+        for r in records
+    )
+
+
+def cause_line(records: Sequence[FailureRecord], world_size: int | None = None) -> str:
+    """``rank 1 failed: ValueError: ...``, or ``every rank raised ValueError: ...``."""
+    first = records[0]
+    if raised_everywhere(records, world_size):
+        return f"every rank raised {first.exc_type}: {first.message}"
+    return first.headline
+
+
+def render_report(
+    records: Sequence[FailureRecord], outcomes: Mapping[int, RankOutcome] = {}, world_size: int | None = None
+) -> str:
+    """The job's one root-cause report (empty when nothing failed).
+
+    ``world_size``, when known, lets the report tell a failure of every rank alike (one
+    error, no culprit) from a root cause and its consequences.
+    """
     if not records:
         return ""
     root = records[0]
-    lines = [RULE, f"tether: job failed. Root cause: {root.headline}"]
+    everywhere = raised_everywhere(records, world_size)
+    if everywhere:
+        lines = [RULE, f"tether: job failed. Every rank raised {root.exc_type}: {root.message}"]
+        lines.append(f"  (the same error on all {world_size} ranks; the traceback is rank {root.rank}'s)")
+    else:
+        lines = [RULE, f"tether: job failed. Root cause: {root.headline}"]
     origin = "  on " + (f"host {root.host}" if root.host else "an unknown host")
     if root.pid:
         origin += f", pid {root.pid}"
@@ -47,7 +81,7 @@ def render_report(records: Sequence[FailureRecord], outcomes: Mapping[int, RankO
         lines.append(f"  (noticed and posted by {'the launcher' if root.reporter < 0 else f'rank {root.reporter}'})")
     if root.traceback:
         lines += ["", root.traceback.rstrip()]
-    if len(records) > 1:
+    if len(records) > 1 and not everywhere:
         lines += ["", "Consequences, in order:"]
         lines += [f"  #{r.seq} {r.headline}" for r in records[1:]]
     if outcomes:

@@ -50,7 +50,7 @@ from ._core.stores import job_store
 from ._env import Topology, file_path, parse_init_method
 from .backends import check_backend
 from .errors import ExitCode, JobFailed
-from .report import RankOutcome, end_quietly_if_uncaught, render_report
+from .report import RankOutcome, cause_line, end_quietly_if_uncaught, raised_everywhere, render_report
 
 JOB_ID = "spawn"  # the launcher's store is new for every job: no stale keys to avoid
 _WORKER_LAUNCH = Launch(owned=True, judge_peers=False, node_beats=False)  # the launcher judges and beats
@@ -161,6 +161,7 @@ class _Supervisor:
         self.judge = PeerJudge(channel, config.lost_after, time.monotonic, deaths=False)  # sentinels see deaths
         nproc = len(procs)
         self.nodes = NodeWatch(channel, first_rank // nproc, nnodes, nproc, config.lost_after, time.monotonic)
+        self.world_size = nnodes * nproc
         self.heartbeat = config.heartbeat
         self.client = channel.client()
         self.store_gone = False
@@ -272,13 +273,14 @@ class _Supervisor:
         if not self.store_gone:
             with contextlib.suppress(Exception):  # another node's launcher may host the store, and be gone
                 records = self.channel.records()
+        everywhere = raised_everywhere(records, self.world_size)
         outcomes = {
             self.first_rank + local: RankOutcome(
-                self.first_rank + local, code, _line(code, records, self.first_rank + local)
+                self.first_rank + local, code, _line(code, records, self.first_rank + local, everywhere)
             )
             for local, code in self.codes.items()
         }
-        report = render_report(records, outcomes) if records else ""
+        report = render_report(records, outcomes, self.world_size) if records else ""
         if self.prints_report:
             sys.stderr.write(report or f"tether: job failed; worker exit codes {self.codes}\n")
         elif not records:  # the store is unreadable: node 0's launcher, its host, may be gone
@@ -286,14 +288,17 @@ class _Supervisor:
         else:
             sys.stderr.write("tether: job failed; node 0's launcher prints the root-cause report\n")
         sys.stderr.flush()
-        error = JobFailed(records[0] if records else None, self.codes, report)
+        cause = cause_line(records, self.world_size) if records else None
+        error = JobFailed(records[0] if records else None, self.codes, report, cause)
         end_quietly_if_uncaught(error)
         raise error
 
 
-def _line(code: int | None, records: list[FailureRecord], rank: int) -> str:
+def _line(code: int | None, records: list[FailureRecord], rank: int, everywhere: bool = False) -> str:
     if code == 0:
         return "finished"
+    if everywhere:
+        return f"raised it ({describe_exit(code)})"
     if records and records[0].rank == rank:
         return f"ROOT CAUSE: {records[0].exc_type}: {records[0].message} ({describe_exit(code)})"
     names = {int(c): c.name for c in ExitCode}

@@ -64,13 +64,22 @@ class Hooks:
         on_failure: posts an uncaught failure (never raises).
         owned: end the process after an uncaught failure (see the module docstring).
         signal_fd: the fd the interpreter writes when a signal arrives (the keeper's).
+        error_file: torchelastic's error file of this worker (under torchrun): once the
+            failure is written there, torchrun's "Root Cause" section prints its traceback,
+            so this rank prints one line instead of the same traceback again.
     """
 
     def __init__(
-        self, on_failure: Callable[[BaseException], object], owned: bool, signal_fd: int | None, rank: int = 0
+        self,
+        on_failure: Callable[[BaseException], object],
+        owned: bool,
+        signal_fd: int | None,
+        rank: int = 0,
+        error_file: str | None = None,
     ) -> None:
         self._on_failure = on_failure
         self.rank = rank
+        self._error_file = error_file
         self._owned = owned
         self._signal_fd = signal_fd
         self._saved: dict[str, Any] = {}
@@ -124,6 +133,13 @@ class Hooks:
             first = str(shown).splitlines()[0] if str(shown) else type(shown).__name__
             with contextlib.suppress(Exception):
                 sys.stderr.write(f"[rank {self.rank}] stopped: {type(shown).__name__}: {first}\n")
+        elif self._owned and self._error_file is not None and os.path.exists(self._error_file):
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            with contextlib.suppress(Exception):
+                sys.stderr.write(
+                    f"[rank {self.rank}] failed: {type(exc).__name__}: {first} "
+                    "(its traceback is in torchrun's Root Cause report)\n"
+                )
         else:
             self._saved.get("excepthook", sys.__excepthook__)(kind, exc, tb)
         if not self._owned:

@@ -69,6 +69,50 @@ class FailureRecord:
         return f"rank {self.rank} failed: {self.exc_type}: {self.message}"
 
 
+# Frames a user did not write: left out of a record's traceback, with a note saying how many.
+_NOT_USERS = ("/tether/", "/multiprocessing/", "/contextlib.py", "/runpy.py", "/threading.py")
+
+
+def _is_users(filename: str) -> bool:
+    path = filename.replace(os.sep, "/")
+    return not any(part in path or path.endswith(part) for part in _NOT_USERS)
+
+
+def format_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as the user reads it: their frames, outermost first.
+
+    Two changes from ``traceback.format_exception``, both for the outermost exception
+    only (chained ones print as Python prints them):
+
+    * an exception caught while it is still unwinding (a failure inside a tether context
+      manager, posted from its ``finally``) has not reached the user's outer frames yet;
+      the frames that called the outermost traceback frame are still live, and are
+      prepended, so the traceback starts at the user's ``main()``, not at tether's
+      ``yield``;
+    * frames of tether, contextlib and multiprocessing are left out, with a note saying
+      how many (the innermost frame is kept whatever it is: that is where it was raised).
+    """
+    tb = exc.__traceback__
+    pairs: list[tuple[Any, int]] = list(_tb.walk_tb(tb))
+    inner = {id(frame) for frame, _ in pairs}
+    if tb is not None and tb.tb_frame.f_back is not None:
+        outer = [(f, n) for f, n in _tb.walk_stack(tb.tb_frame.f_back) if id(f) not in inner]
+        pairs = outer[::-1] + pairs
+    boot = [i for i, (f, _) in enumerate(pairs) if "/multiprocessing/" in f.f_code.co_filename.replace(os.sep, "/")]
+    start = boot[-1] + 1 if boot else 0  # frames outside multiprocessing's are its bootstrap (`python -c`)
+    last = len(pairs) - 1
+    kept = [p for i, p in enumerate(pairs) if (i >= start and _is_users(p[0].f_code.co_filename)) or i == last]
+    report = _tb.TracebackException(type(exc), exc, tb)
+    report.stack = _tb.StackSummary.extract(iter(kept))
+    text = "".join(report.format())
+    hidden = len(pairs) - len(kept)
+    header = "Traceback (most recent call last):\n"
+    if hidden and header in text:
+        at = text.rindex(header) + len(header)
+        text = text[:at] + f"  [{hidden} frame(s) of tether, contextlib or multiprocessing not shown]\n" + text[at:]
+    return text
+
+
 def _user_frame(tb: Any) -> str:
     """The innermost frame of ``tb`` that is neither tether's nor torch's."""
     found = ""
@@ -109,7 +153,7 @@ def record_from_exception(rank: int, exc: BaseException, where: str) -> FailureR
         kind, message = KIND_EXIT, f"exit code {_render(lambda: exc.code, 'exit code')}"
     else:
         kind, message = KIND_EXCEPTION, _render(lambda: exc, "message")
-    tb = _render(lambda: "".join(_tb.format_exception(type(exc), exc, exc.__traceback__)), "traceback")
+    tb = _render(lambda: format_traceback(exc), "traceback")
     return FailureRecord(
         rank=rank,
         kind=kind,

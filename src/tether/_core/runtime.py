@@ -130,7 +130,11 @@ def _watch(
         backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file, pg, owns_group, keep_alive
     )
     ctx.hooks = Hooks(
-        report_failure, owned=launch.owned and not interactive(), signal_fd=watchdog.signal_fd, rank=topo.rank
+        report_failure,
+        owned=launch.owned and not interactive(),
+        signal_fd=watchdog.signal_fd,
+        rank=topo.rank,
+        error_file=error_file,
     )
     context.install(ctx)
     watchdog.start()

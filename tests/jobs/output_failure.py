@@ -1,0 +1,33 @@
+"""A failing job whose output the tests count (issue 11), under any launcher.
+
+    python output_failure.py spawn N | torchrun ... output_failure.py torchrun
+
+Rank 1 raises inside ``one_rank_first(rank=1)``, called from ``main`` through
+``prepare``: the report's traceback must start at the user's ``main``. Every other rank
+waits for it there and stops with one line.
+"""
+
+import sys
+
+import tether as idist
+
+
+def prepare() -> None:
+    with idist.one_rank_first(rank=1):
+        if idist.get_rank() == 1:
+            raise RuntimeError("download failed 0.1 on rank 1")
+
+
+def main(local_rank: int = 0) -> None:
+    prepare()
+    idist.barrier()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "spawn":
+        with idist.Parallel(backend="gloo", nproc_per_node=int(sys.argv[2])) as parallel:
+            parallel.run(main)
+    else:
+        idist.initialize("gloo")
+        main()
+        idist.finalize()

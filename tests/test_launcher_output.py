@@ -1,0 +1,120 @@
+"""What a person sees when a job fails (issue 11): the real output of each launcher, counted.
+
+Each test runs a real job (``jobs/output_failure.py``: rank 1 raises inside
+``one_rank_first``, called from ``main`` through ``prepare``) and counts what reached the
+terminal: how often the root cause's message appears, how many tracebacks, no warning
+lines, the launcher's exit code and every rank's. Plus the four asserts of every failure
+test: in bound, the survivors stopped with the documented error, the root cause named,
+nothing left.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from _harness import Result, python, torchrun
+from tether import ExitCode
+
+BOUND = 90.0
+ROOT = "RuntimeError: download failed 0.1 on rank 1"
+
+pytestmark = pytest.mark.timeout(BOUND + 60)
+
+
+def assert_quiet(res: Result) -> None:
+    """No warnings of any kind (NumPy, c10d sockets, Python's) in the job's output."""
+    noisy = [line for line in res.output.splitlines() if "warning" in line.lower()]
+    assert noisy == [], noisy
+
+
+def assert_users_frames_first(traceback: str) -> None:
+    """The root cause's traceback reads from the user's ``main`` down to the raise."""
+    frames = re.findall(r'File "[^"]*output_failure\.py", line \d+, in (\w+)', traceback)
+    assert frames[-2:] == ["main", "prepare"], traceback
+    assert "contextlib.py" not in traceback and "/tether/" not in traceback, traceback
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_failing_parallel_job_prints_one_report_and_exits_7(nproc: int) -> None:
+    res = python("output_failure.py", "spawn", str(nproc), bound=BOUND)
+    assert res.returncode == int(ExitCode.LAUNCH_FAILED), res.output[-3000:]
+    assert res.stdout == ""
+    err = res.stderr
+    assert err.count(ROOT) == 4  # headline, the traceback's last line, rank 1's line, the summary line
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert_users_frames_first(err)
+    ranks = dict(re.findall(r"^  rank (\d+): (.*)$", err, re.M))
+    assert ranks.pop("1") == f"ROOT CAUSE: {ROOT} (exited with code 1)"
+    assert ranks == {str(r): "stopped: PEER_FAILED (exited with code 3)" for r in range(nproc) if r != 1}
+    assert err.rstrip().splitlines()[-1] == f"tether.JobFailed: job failed: rank 1 failed: {ROOT} (exit code 7)"
+    assert_quiet(res)
+    assert res.leftovers == []
+
+
+def test_the_same_bad_argument_on_every_rank_is_reported_once_without_a_culprit() -> None:
+    res = python("report_bad_argument.py", bound=BOUND)
+    assert res.returncode == int(ExitCode.LAUNCH_FAILED), res.output[-3000:]
+    err = res.stderr
+    message = "ValueError: rank should be between 0 and 1, but given 5 (one_rank_first)"
+    assert f"tether: job failed. Every rank raised {message}\n" in err, err
+    assert "Root cause" not in err and "ROOT CAUSE" not in err and "Consequences" not in err, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert re.findall(r"^  rank (\d+): (.*)$", err, re.M) == [
+        ("0", "raised it (exited with code 1)"),
+        ("1", "raised it (exited with code 1)"),
+    ]
+    assert err.rstrip().splitlines()[-1] == f"tether.JobFailed: job failed: every rank raised {message} (exit code 7)"
+    assert_quiet(res)
+    assert res.leftovers == []
+
+
+def torchrun_failures(err: str) -> dict[int, tuple[int, str]]:
+    """rank -> (exit code, traceback field) from torchrun's own failure summary."""
+    found = {}
+    for block in re.split(r"\n\[\d+\]:\n", err)[1:]:
+        rank = re.search(r"rank\s+: (\d+)", block)
+        code = re.search(r"exitcode\s+: (-?\d+)", block)
+        trace = re.search(r"traceback : (.*?)(?:\n-{10,}|\n={10,}|\Z)", block, re.S)
+        assert rank and code and trace, block
+        found[int(rank.group(1))] = (int(code.group(1)), trace.group(1))
+    return found
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_failing_torchrun_job_shows_the_traceback_once_and_one_line_per_victim(nproc: int) -> None:
+    res = torchrun("output_failure.py", "torchrun", nproc=nproc, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 1, res.output[-3000:]  # torchrun's own code for a failed job
+    err = res.stderr
+    ours = [line for line in err.splitlines() if line.startswith("[rank ")]
+    assert sorted(ours) == sorted(
+        [f"[rank 1] failed: {ROOT} (its traceback is in torchrun's Root Cause report)"]
+        + [
+            f"[rank {r}] stopped: PeerFailure: rank 1 failed: {ROOT} (in one_rank_first(rank=1, local=False) #1, "
+            f"at {res_path()}:18 in prepare)"
+            for r in range(nproc)
+            if r != 1
+        ]
+    ), err
+    # two tracebacks: torchrun's own ChildFailedError, and rank 1's inside its Root Cause section
+    assert err.count("Traceback (most recent call last)") == 2, err
+    root = err.split("Root Cause (first observed failure):", 1)[1]
+    assert "rank      : 1 (local_rank: 1)" in root
+    assert_users_frames_first(root)
+    failures = torchrun_failures(err)
+    assert failures[1][0] == 1
+    assert {r: c for r, (c, _) in failures.items() if r != 1} == {
+        r: int(ExitCode.PEER_FAILED) for r in range(nproc) if r != 1
+    }
+    assert all(t.startswith("PeerFailure: rank 1 failed: " + ROOT) for r, (_, t) in failures.items() if r != 1)
+    # the root message: once per rank's line, once per victim's summary entry, twice in the root's traceback
+    assert err.count(ROOT) == nproc + (nproc - 1) + 1, err
+    assert_quiet(res)
+    assert res.leftovers == []
+
+
+def res_path() -> str:
+    from _harness import JOBS
+
+    return str(JOBS / "output_failure.py")
