@@ -68,4 +68,5 @@ def test_each_exit_code_of_the_table_is_produced_where_it_says(case: str) -> Non
                 and not res.stderr.count(f"rank {rank}: ROOT CAUSE")
             ):
                 assert f"rank {rank}: stopped: {names[int(code)]} (exited with code {int(code)})" in res.stderr
+    assert "warning" not in res.output.lower(), res.output[-3000:]  # no c10d socket warnings on a timeout
     assert res.leftovers == []

@@ -18,3 +18,5 @@ def test_a_long_wait_without_timeout_logs_one_stall_report_and_completes() -> No
     reports = re.findall(r"tether: rank 0 has waited \d+ s in barrier #\d+:", res.stderr)
     assert len(reports) == 1, res.stderr[-3000:]
     assert re.search(r"rank 1: in user code\n(.|\n)*in slow_preprocessing", res.stderr), res.stderr[-3000:]
+    assert res.stderr.count("in slow_preprocessing") == 1, res.stderr[-3000:]  # the stalled stack, once
+    assert "warning" not in res.output.lower(), res.output[-3000:]  # no c10d socket warnings from the wait
