@@ -31,6 +31,10 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
     collective  the victim's main thread is inside ``all_reduce``, the fault comes from a
                 thread; one "late" rank joins the all_reduce only after the fault
     outside     the victim is in user code (no tether call); the others wait in ``all_reduce``
+    backward    every rank trains a DDP model from ``auto_model``; the victim strikes before
+                its backward, the others wait in ``loss.backward()`` (DDP's gradient
+                all-reduce, through tether's communication hook; a stall row's timeout
+                is the job's ``sync_timeout``)
 
 Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
 marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
@@ -67,7 +71,7 @@ FAILURES = (
     "sigint",
     "term_launcher",
 )
-PLACES = ("first", "waiting", "collective", "outside")
+PLACES = ("first", "waiting", "collective", "outside", "backward")
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
 
@@ -95,7 +99,10 @@ class Case:
 
     @property
     def options(self) -> dict[str, float]:
-        return {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
+        options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
+        if self.place == "backward" and self.timeout is not None:  # DDP's waits know no timeout= of their own
+            options["sync_timeout"] = self.timeout
+        return options
 
 
 class Sequencer:
@@ -258,4 +265,26 @@ def run_case(case: Case) -> None:
         idist.barrier(timeout=timeout)
         return
 
+    if case.place == "backward":
+        _train(case, rank, seq, others)
+        return
+
     raise AssertionError(f"unknown place {case.place!r}")
+
+
+def _train(case: Case, rank: int, seq: Sequencer, others: list[int]) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    model = idist.auto_model(torch.nn.Linear(8, 1))
+    x = torch.full((4, 8), 0.1)
+    for _ in range(2):  # DDP rebuilds its buckets in the second forward: behind us before the strike
+        model(x).sum().backward()
+    if rank == case.victim:
+        seq.wait(f"in/{r}" for r in others)
+        time.sleep(SETTLE)
+        inject(case, rank)
+    else:
+        seq.mark(f"in/{rank}")
+    model(x).sum().backward()
+    idist.barrier()

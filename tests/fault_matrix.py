@@ -180,6 +180,13 @@ B = 150.0  # whole-job bound: start-up of 4 ranks takes 10-45 s on this loaded 2
 B_STOPPED = 200.0  # torchrun waits 30 s after its SIGTERM before it SIGKILLs a stopped worker
 
 ROWS: list[Row] = [
+    # issue 8: a fault while the others wait in DDP's backward (tether's communication hook)
+    raise_("F2", "backward", "spawn", 2, 1, bound=B, detect=PUSH),
+    raise_("F2", "backward", "initialize", 4, 2, bound=B, detect=PUSH),
+    death("sigkill", "backward", "spawn", 4, 3, bound=B, detect=PUSH),
+    death("sigkill", "backward", "initialize", 2, 1, bound=B, detect=WHEREABOUTS, full=True),
+    stall("backward", "spawn", 2, 1, bound=B),
+    stall("backward", "initialize", 4, 0, bound=B, full=True),
     # F1: exception inside one_rank_first's block on the working rank
     raise_("F1", "first", "spawn", 4, 0, bound=B, detect=PUSH),
     raise_("F1", "first", "parallel", 4, 0, bound=B, detect=PUSH, full=True),

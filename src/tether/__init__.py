@@ -17,6 +17,7 @@ from .collectives import all_gather as all_gather
 from .collectives import all_gather_tensors_with_shapes as all_gather_tensors_with_shapes
 from .collectives import all_reduce as all_reduce
 from .collectives import broadcast as broadcast
+from .ddp import register_comm_hook as register_comm_hook
 from .errors import BackendError as BackendError
 from .errors import ExitCode as ExitCode
 from .errors import JobFailed as JobFailed
@@ -92,6 +93,7 @@ __all__ = [
     "one_rank_first",
     "one_rank_only",
     "rank_print",
+    "register_comm_hook",
     "registered_computation_models",
     "set_local_rank",
     "show_config",

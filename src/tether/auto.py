@@ -4,7 +4,9 @@ ignite's helpers, for the native ``torch.distributed`` backends (tether has no X
 Horovod). They read the job from tether's context and never sync by themselves, except
 ``DistributedDataParallel``'s constructor, which broadcasts rank 0's parameters with a
 raw collective: a peer that fails meanwhile is noticed by the watchdog, which ends a
-rank stuck there after its grace period (see ``_core/watchdog.py``).
+rank stuck there after its grace period (see ``_core/watchdog.py``). The DDP that
+``auto_model`` builds carries tether's communication hook (``tether/ddp.py``), so a
+failure during ``backward()`` raises tether's error there.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from torch.utils.data.sampler import Sampler
 
 from . import _checks
 from ._core.runtime import current
+from ._core.verdicts import failure_behind_raw
+from .ddp import register_comm_hook
+from .errors import TetherError
 
 log = logging.getLogger("tether")
 
@@ -75,7 +80,17 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **kwargs: Any) -> nn.Mod
         if device.type == "cuda":
             kwargs["device_ids"] = [device.index]  # the local rank's device: tether (as ignite) set it
         log.info("tether.auto_model: wrapping the model in DistributedDataParallel")
-        return nn.parallel.DistributedDataParallel(model, **kwargs)
+        try:  # its constructor's collectives are raw ones: a failure there gets its true story
+            ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
+        except RuntimeError as exc:
+            failure = (
+                None if isinstance(exc, TetherError) else failure_behind_raw(ctx, exc, "DistributedDataParallel()")
+            )
+            if failure is None:
+                raise
+            raise failure from exc
+        register_comm_hook(ddp)  # the gradient all-reduce inside the promise (tether/ddp.py)
+        return ddp
     if device.type == "cuda" and torch.cuda.device_count() > 1:
         log.info("tether.auto_model: wrapping the model in DataParallel")
         return nn.parallel.DataParallel(model, **kwargs)

@@ -64,7 +64,7 @@ from typing import cast
 
 from torch._C._distributed_c10d import Store
 
-from .record import FailureRecord
+from .record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord
 
 FOREVER = datetime.timedelta(days=365)
 ROOT_WAIT = 2.0  # seconds a reader waits for record 1 when its counter is already taken
@@ -146,11 +146,16 @@ class Channel:
     # --- failures -----------------------------------------------------------------
 
     def post(self, record: FailureRecord) -> FailureRecord:
-        """Publish ``record`` and wake every rank. Returns it with its ``seq``."""
+        """Publish ``record`` and wake every rank. Returns it with its ``seq``.
+
+        The rank a record is about is woken too, unless it is gone (a death seen from
+        outside): a rank named by another's timeout record is alive, and stalled.
+        """
         seq = int(self._store.add(self.key("fail", "n"), 1))
         record = record.with_seq(seq)
         self._store.set(self.key("fail", seq), record.to_json())
-        self.notify(r for r in range(self.world_size) if r != record.rank and r != self.rank)
+        gone = record.kind in (KIND_LOST, KIND_SIGNAL, KIND_EXIT)
+        self.notify(r for r in range(self.world_size) if r != self.rank and not (gone and r == record.rank))
         return record
 
     def notify(self, ranks: Iterable[int], message: str = "fail") -> None:

@@ -7,12 +7,12 @@ import os
 import threading
 import time
 
-from ..errors import TetherError
+from ..errors import BackendError, TetherError
 from . import context, errorfile
 from .context import Context
 from .hooks import Terminated, is_success
 from .record import FailureRecord, error_from_record
-from .verdicts import failure_behind_stop
+from .verdicts import failure_behind_raw, failure_behind_stop, is_backend_error
 
 log = logging.getLogger("tether")
 
@@ -34,6 +34,12 @@ def report_failure(exc: BaseException) -> BaseException | None:
             report_failure(behind)
             return behind
     where = ctx.watchdog.current_call if ctx.watchdog is not None and ctx.watchdog.current_call else "user code"
+    if not isinstance(exc, TetherError) and is_backend_error(exc):
+        # a raw call's backend error reached the top: a victim, if a peer's failure is behind it
+        behind = failure_behind_raw(ctx, exc, where)
+        if behind is not None and not isinstance(behind, BackendError):
+            report_failure(behind)
+            return behind
     try:
         if isinstance(exc, TetherError):
             ctx.channel.mark_done("failed")

@@ -42,7 +42,7 @@ from .. import _slurm
 from .._checks import to_timedelta
 from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
-from . import context
+from . import context, rawcalls
 from .channel import Channel, clone, generation, has_queues, wait_keys
 from .context import Context
 from .failures import report_failure
@@ -50,6 +50,7 @@ from .hooks import Hooks
 from .liveness import HostJudge, NodeWatch
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
+from .rawcalls import RAW_MARGIN
 from .stores import channel_beside
 from .watchdog import Watchdog, WatchdogConfig
 
@@ -79,6 +80,8 @@ def start(
     chan_store = channel_store or store
     gen = generation(chan_store, job_id, topology.rank)
     prefix = Channel.make_prefix(job_id, gen)
+    if timeout is None and options.sync.timeout is not None:  # raw calls are bounded too (rawcalls.py)
+        timeout = datetime.timedelta(seconds=options.sync.timeout + RAW_MARGIN)
     native = NativeBackend.create(backend, topology, PrefixStore(f"pg/{job_id}/{gen}", store), timeout)
     return _watch(native, chan_store, prefix, hosts_store, options, launch, error_file, True, keep_alive)
 
@@ -140,6 +143,7 @@ def _watch(
     watchdog.start()
     ctx.hooks.install()
     _wrap_destroy()
+    rawcalls.install()
     _register_atexit()
     return ctx
 

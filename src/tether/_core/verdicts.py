@@ -36,7 +36,13 @@ def post_and_pick(ctx: Context, record: FailureRecord, own: TetherError) -> Teth
     return ctx.watchdog.failure or error
 
 
-def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float) -> TetherError:
+def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float, at: str | None = None) -> TetherError:
+    """A sync's timeout expired: name who did not arrive, post it, return the error to raise.
+
+    A member has arrived when its whereabouts' first line ends with ``at`` (default: the
+    sync's tag, ``barrier #3``). The record is about the first member that did not
+    arrive, not this waiting rank: the report's root cause is the rank that stalled.
+    """
     assert ctx.channel is not None and ctx.watchdog is not None and ctx.store is not None
     if ctx.watchdog.failure is not None:
         return ctx.watchdog.failure
@@ -49,19 +55,21 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float)
     me = ctx.channel.rank
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
     label = tag(group, seq)
-    missing = [r for r in group.members if r != me and not answers.get(r, "").split("\n", 1)[0].endswith(f" {label}")]
+    at = f" {label}" if at is None else at
+    missing = [r for r in group.members if r != me and not answers.get(r, "").split("\n", 1)[0].endswith(at)]
     where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
-    call = f"{signature} {label}"
+    call = f"{signature} {label}" if seq else signature
     own = SyncTimeout(call, timeout, missing, where)
+    culprit = missing[0] if missing else me
     record = FailureRecord(
-        rank=me,
+        rank=culprit,
         kind=KIND_TIMEOUT,
         exc_type="SyncTimeout",
         message=str(own).splitlines()[0],
-        where=f"{signature} {label}",
+        where=_first_line(where[culprit]) if culprit in where else call,
         time=time.time(),
-        host=socket.gethostname(),
-        pid=os.getpid(),
+        host=socket.gethostname() if culprit == me else "",
+        pid=os.getpid() if culprit == me else 0,
         reporter=me,
         detail={"call": call, "timeout": timeout, "missing": missing, "whereabouts": where},
     )
@@ -104,7 +112,16 @@ def warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: fl
     log.warning("\n".join(lines))
 
 
-def explain_backend_error(ctx: Context, group: Group, exc: RuntimeError) -> TetherError:
+# What torch's backends say when a peer is gone or late (gloo, NCCL, the c10d store).
+_BACKEND_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo", "NCCL", "Timed out")
+
+
+def is_backend_error(exc: BaseException) -> bool:
+    """True for an error raised by torch.distributed's communication, not by user code."""
+    return isinstance(exc, dist.DistError) or any(word in str(exc) for word in _BACKEND_WORDS)
+
+
+def explain_backend_error(ctx: Context, group: Group, exc: BaseException) -> TetherError:
     """Turn a backend error ("Connection closed by peer") into the failure behind it.
 
     A peer that raised has posted its record before its process ended, so it is usually
@@ -128,6 +145,39 @@ def explain_backend_error(ctx: Context, group: Group, exc: RuntimeError) -> Teth
         silent[0], f"its process stopped answering (the backend said: {str(exc).splitlines()[0]})", ctx.channel.rank
     )
     return post_and_pick(ctx, record, PeerLost(record))
+
+
+OUTSIDE = "(outside tether)"  # how a rank in a torch.distributed call ends its whereabouts' first line
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return "Timed out" in str(exc) or "timed out" in str(exc)
+
+
+def failure_behind_raw(ctx: Context, exc: BaseException, call: str) -> TetherError | None:
+    """The failure behind an error out of a torch.distributed call tether did not make.
+
+    None when ``exc`` is not the backend's (a user's own error passes unchanged) and no
+    failure is known. A known failure wins; else a backend timeout (gloo's, set from
+    ``sync_timeout``: ``rawcalls.py``) becomes a ``SyncTimeout`` naming the ranks that
+    were not in a torch.distributed call; else the peers are asked where they are
+    (``explain_backend_error``).
+    """
+    watchdog = ctx.watchdog
+    if watchdog is None or ctx.channel is None:
+        return None
+    if watchdog.failure is not None:
+        return watchdog.taken(watchdog.failure)
+    if not is_backend_error(exc):
+        return None
+    world = Group("w", tuple(range(ctx.channel.world_size)), None)
+    try:
+        timeout = ctx.settings.timeout
+        if _is_timeout(exc) and timeout is not None:
+            return watchdog.taken(expire(ctx, world, 0, call, timeout, at=OUTSIDE))
+        return watchdog.taken(explain_backend_error(ctx, world, exc))
+    except dist.DistNetworkError as err:
+        return watchdog.taken(watchdog.store_lost(err))
 
 
 def failure_behind_stop(ctx: Context) -> TetherError | None:

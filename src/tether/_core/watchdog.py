@@ -54,6 +54,7 @@ from torch._C._distributed_c10d import Store
 
 from ..errors import ExitCode, PeerLost, TetherError
 from .channel import ROOT_WAIT, Channel
+from .futures import Failables
 from .liveness import NodeWatch, PeerJudge
 from .record import FailureRecord, error_from_record, lost_record
 
@@ -125,6 +126,7 @@ class Watchdog:
         self._taken = threading.Event()  # the main thread raised the failure, or finalize disarmed
         self._armed = False
         self.failure: TetherError | None = None
+        self.failables = Failables()  # futures a failure fails (DDP's hook: tether/ddp.py)
         self._wait = _Wait()
         self.current_call = ""  # what the main thread is doing, for whereabouts
         self._main = threading.main_thread()
@@ -231,6 +233,7 @@ class Watchdog:
             self.failure = error
             wait = self._wait
         self._wake(wait, ABORT, client)
+        self.failables.fail_all(error)
         if self.config.grace is not None and not self._taken.is_set():
             self._arm(self.config.grace)
             threading.Thread(target=self._ladder, name="tether-ladder", daemon=True).start()

@@ -1,0 +1,125 @@
+"""torch.distributed calls tether did not make: a name for where a rank waits, the true story when they fail.
+
+A training job spends most of its waits outside tether: DDP's constructor (which
+broadcasts rank 0's parameters and checks every rank's shapes), the user's own
+``dist.all_reduce``, ignite's metrics. gloo cannot be woken from such a call (measured:
+``ProcessGroup.abort()`` returns at once and leaves the call blocked), so tether bounds
+and explains them instead:
+
+* **Bounded**: with ``sync_timeout`` set, the process group tether creates gets gloo's
+  timeout ``sync_timeout + RAW_MARGIN`` (``runtime.start``): a raw call raises within it.
+  tether's own waits expire first, at ``sync_timeout``, with their own verdict.
+* **Named**: while the context lives, the functions of ``torch.distributed`` listed in
+  ``WRAPPED`` are wrapped: the wrapper marks this rank's whereabouts ("in
+  dist.broadcast (outside tether)"), so a peer's timeout names who did not arrive and
+  a stall report says where each rank is.
+* **Explained**: when the call raises a backend error (gloo's "Connection closed by
+  peer", its timeout) the wrapper raises the failure behind it instead, chained to the
+  backend's error: the peer's ``PeerFailure`` if one is posted within a short window, a
+  ``PeerLost`` for a peer that stopped answering, a ``SyncTimeout`` naming the ranks that
+  did not arrive.
+
+The wrapper costs two attribute writes and a ``try`` per call. It covers code that looks
+the function up on the module at call time (``dist.all_reduce(...)``, and torch's own
+``torch.distributed.utils``, which DDP's constructor uses); a name imported with ``from
+torch.distributed import all_reduce`` before tether started is not covered.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from ..errors import TetherError
+from . import context
+from .hooks import Terminated
+from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop
+
+RAW_MARGIN = 1.0  # seconds gloo's timeout exceeds sync_timeout: tether's own waits expire first
+
+WRAPPED = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "monitored_barrier",
+    "_broadcast_coalesced",  # DDP's constructor: rank 0's parameters and buffers
+    "_verify_params_across_processes",  # DDP's constructor: every rank's shapes
+)
+
+_originals: dict[str, Callable[..., Any]] = {}
+
+
+def install() -> None:
+    """Wrap the functions of ``WRAPPED``, once per process, the first time tether watches a group.
+
+    Like ``dist.destroy_process_group``'s wrapper (``runtime.py``), they stay: without a
+    context a wrapper calls torch's function unchanged.
+    """
+    if _originals:
+        return
+    for name in WRAPPED:
+        original = getattr(dist, name, None)
+        if original is not None:
+            _originals[name] = original
+            setattr(dist, name, _wrap(name, original))
+
+
+def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn``, a wait tether did not make, as ``call``; a failure out of it gets its true story.
+
+    ``call`` is this rank's whereabouts meanwhile (it should end with ``OUTSIDE``, so
+    that a peer's timeout verdict counts this rank as arrived). A backend error becomes
+    the failure behind it (``failure_behind_raw``), a launcher's SIGTERM the peer's
+    failure behind it (``failure_behind_stop``); anything else passes unchanged. Inside
+    a tether call, or without a context, ``fn`` just runs.
+    """
+    ctx = context.peek()
+    watchdog = ctx.watchdog if ctx is not None else None
+    if ctx is None or watchdog is None or watchdog.current_call:
+        return fn(*args, **kwargs)
+    watchdog.current_call = call
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as exc:
+        if isinstance(exc, TetherError):
+            raise
+        try:
+            failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"))
+        except Terminated:  # the launcher's SIGTERM while this rank asks: a peer died
+            failure = failure_behind_stop(ctx)
+        if failure is None:
+            raise
+        raise failure from exc
+    except Terminated as stop:
+        behind = failure_behind_stop(ctx)
+        if behind is None:
+            raise
+        raise watchdog.taken(behind) from stop
+    finally:
+        watchdog.current_call = ""
+
+
+def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    call = f"dist.{name.lstrip('_')} {OUTSIDE}"
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return run_outside(call, original, *args, **kwargs)
+
+    return wrapper

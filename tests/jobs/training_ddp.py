@@ -1,0 +1,101 @@
+"""A DDP training loop with a fault on one rank (issue 8), under any launcher.
+
+    python training_ddp.py spawn CASE [NPROC]     (tether.spawn)
+    torchrun ... training_ddp.py torchrun CASE    (tether.initialize under torchrun)
+
+Cases (the fault is on rank 1, at step 3):
+
+    happy           5 steps of auto_model's DDP; reports every rank's final weights
+    raise           rank 1 raises in its forward; the others are in loss.backward()
+    user_hook       the same, with a DDP built by the user and
+                    register_comm_hook(model, hook=fp16_compress_hook)
+    kill            rank 1 SIGKILLs itself in its forward
+    backward_stall  rank 1 sleeps in its forward; sync_timeout=3
+    ctor_stall      rank 1 sleeps before DistributedDataParallel(); sync_timeout=3:
+                    the others wait in DDP's constructor, a raw collective
+
+A rank that catches an exception reports it (``LC raised``, with ``in_backward``) and
+re-raises it; rank 1 reports the moment it raises (``LC fault``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from lifecycle_common import emit, raised
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+import tether
+
+LAUNCHER, CASE = sys.argv[1], sys.argv[2]
+STEPS = 5
+FAULT_STEP = 3
+TIMEOUT = 3.0
+
+
+def fault(rank: int, step: int) -> None:
+    if rank != 1 or step != FAULT_STEP or CASE == "happy":
+        return
+    emit("fault", rank=rank, time=time.time(), case=CASE)
+    if CASE in ("raise", "user_hook"):
+        raise RuntimeError("forward failed 0.1 on rank 1")
+    if CASE == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if CASE == "backward_stall":
+        time.sleep(60)
+
+
+def build(rank: int) -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    if CASE == "ctor_stall" and rank == 1:
+        emit("fault", rank=rank, time=time.time(), case=CASE)
+        time.sleep(60)
+    if CASE == "user_hook":
+        model = nn.parallel.DistributedDataParallel(net)
+        tether.register_comm_hook(model, hook=default_hooks.fp16_compress_hook)
+        return model
+    return tether.auto_model(net)
+
+
+def train(local_rank: int) -> None:
+    rank = tether.get_rank()
+    in_backward = False
+    try:
+        model = build(rank)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(100 + rank)
+        for step in range(STEPS):
+            x = torch.randn(8, 16, generator=gen)
+            fault(rank, step)
+            loss = model(x).pow(2).mean()
+            in_backward = True
+            loss.backward()
+            in_backward = False
+            opt.step()
+            opt.zero_grad()
+        weights = [round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])[:8]]
+        emit("done", rank=rank, weights=weights)
+    except BaseException as exc:
+        raised(rank, exc, in_backward=in_backward)
+        raise
+
+
+if __name__ == "__main__":
+    options = {"sync_timeout": TIMEOUT} if "stall" in CASE else {}
+    if LAUNCHER == "spawn":
+        nproc = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+        try:
+            tether.spawn("gloo", train, (), nproc_per_node=nproc, **options)
+        except tether.JobFailed as exc:
+            emit("launcher", exit_codes={str(k): v for k, v in exc.exit_codes.items()})
+            raise
+    else:
+        tether.initialize("gloo", **options)
+        train(0)
+        tether.finalize()
