@@ -22,6 +22,7 @@ from .errors import BackendError as BackendError
 from .errors import ExitCode as ExitCode
 from .errors import JobFailed as JobFailed
 from .errors import PeerFailure as PeerFailure
+from .errors import PeerFinished as PeerFinished
 from .errors import PeerLost as PeerLost
 from .errors import SyncMismatch as SyncMismatch
 from .errors import SyncTimeout as SyncTimeout
@@ -59,6 +60,7 @@ __all__ = [
     "JobFailed",
     "Parallel",
     "PeerFailure",
+    "PeerFinished",
     "PeerLost",
     "RankFormatter",
     "SyncMismatch",

@@ -5,7 +5,9 @@ Hierarchy, split by who is at fault::
     RuntimeError
      └── TetherError                 anything tether raises about the job's state
           ├── PeerFailure            another rank failed; carries its original failure
-          │    └── PeerLost          ...and left no record: killed, frozen, or its host vanished
+          │    ├── PeerLost          ...and left no record: killed, frozen, or its host vanished
+          │    └── PeerFinished      ...by finishing: it returned (or exited 0) while this rank
+          │                          still waited for it in a sync
           ├── SyncTimeout            (also TimeoutError) a sync's timeout expired; names who was missing
           ├── SyncMismatch           ranks entered different syncs; names each rank's call
           ├── BackendError           the backend (gloo, nccl) failed and no peer's record explains it
@@ -39,6 +41,7 @@ __all__ = [
     "ExitCode",
     "JobFailed",
     "PeerFailure",
+    "PeerFinished",
     "PeerLost",
     "SyncMismatch",
     "SyncTimeout",
@@ -117,6 +120,17 @@ class PeerFailure(TetherError):
 
 class PeerLost(PeerFailure):
     """Another rank died or went silent without telling why (signal, heartbeat, host lost)."""
+
+
+class PeerFinished(PeerFailure):
+    """Another rank finished while this rank still waited for it in a sync or collective.
+
+    It returned from the function, called ``sys.exit(0)`` or ``finalize()``, or its script
+    ended, before it reached the sync this rank waits in: the sync can never complete. The
+    usual cause is uneven data (one rank has fewer batches); see the migration guide and
+    ``torch.distributed.algorithms.Join``. ``str()`` reads, e.g., ``rank 1 failed:
+    Finished: it returned from the function while rank 0 waits in barrier #3``.
+    """
 
 
 class SyncTimeout(TetherError, TimeoutError):

@@ -39,6 +39,7 @@ from torch._C._distributed_c10d import TCPStore
 
 from . import _checks
 from ._checks import to_timedelta
+from ._core import context
 from ._core.channel import Channel, generation
 from ._core.failures import report_failure
 from ._core.hooks import exit_code_for, is_success
@@ -348,10 +349,13 @@ def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw
             timeout=spec.timeout,
         )
         fn(topo.local_rank, *args, **kwargs)
+        _leaving("returned from the function")
     except BaseException as exc:
         if not is_success(exc):  # sys.exit(0) is a normal end
             code = exit_code_for(exc)
             report_failure(exc)
+        else:
+            _leaving("called sys.exit(0)")
     finally:
         try:
             finalize()
@@ -362,6 +366,13 @@ def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw
         sys.stderr.flush()
         os._exit(code)  # promptly, even with non-daemon threads alive
     _exit_cleanly()
+
+
+def _leaving(how: str) -> None:
+    """Say how this worker finishes, for a peer that still waits for it (``PeerFinished``)."""
+    ctx = context.peek()
+    if ctx is not None:
+        ctx.leaving = how
 
 
 def _exit_cleanly() -> None:

@@ -14,7 +14,8 @@ store) can release, fail or confuse a later one. ``N`` is the world size::
     P/inbox/<rank>          posters, the rank itself that rank's listener    queue of wake-ups: "fail",
                                                                              "ask:<qid>", "retire", "stop"
     P/pids/<host>           every rank (append)      judges on that host     "rank:pid," of its ranks
-    P/done/<rank>           <rank> (set once)        judges, report          "left" | "failed"
+    P/done/<rank>           <rank> (set once)        judges, report          "left {json}" | "failed"
+    P/left/ranks            every rank at finalize   waiters (after 0.5 s)   "3,1," ranks that finished
     P/lost/<rank>           judges (add 1)           judges                  first claim posts the loss
     P/node/<node>           that node's beater       other nodes' judges     heartbeat counter
     P/q/n                   askers (add 1)           askers                  whereabouts query ids
@@ -59,7 +60,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
 from torch._C._distributed_c10d import Store
@@ -256,7 +257,26 @@ class Channel:
         store, key = client or self._store, self.key("done", rank)
         return store.get(key).decode() if store.check([key]) else None
 
-    def leave(self) -> int:
-        """Record that this rank finished cleanly; returns how many have."""
-        self.mark_done("left")
+    def leave(self, how: str = "called finalize()", seqs: Mapping[str, int] | None = None) -> int:
+        """Record that this rank finished cleanly; returns how many have.
+
+        ``how`` says it for people ("returned from the function"); ``seqs`` is this rank's
+        last sync number per group, so that a rank still waiting in sync ``s`` of a group
+        can tell a finished rank that never reached ``s`` (``finished``) from one that did.
+        """
+        self.mark_done("left " + json.dumps({"how": how, "seqs": dict(seqs or {})}, separators=(",", ":")))
+        self._store.append(self.key("left", "ranks"), f"{self.rank},")  # type: ignore[attr-defined]
         return int(self._store.add(self.key("left", "n"), 1))
+
+    def finished(self, client: Store | None = None) -> dict[int, tuple[str, dict[str, int]]]:
+        """The ranks that finished cleanly: rank -> (how, last sync number per group)."""
+        store, key = client or self._store, self.key("left", "ranks")
+        if not store.check([key]):
+            return {}
+        found = {}
+        for item in store.get(key).decode().split(","):
+            if item:
+                done = self.done(int(item), store) or ""
+                info = json.loads(done[len("left ") :]) if done.startswith("left {") else {}
+                found[int(item)] = (str(info.get("how", "finished")), dict(info.get("seqs", {})))
+        return found

@@ -61,6 +61,7 @@ class Context:
     hooks: Any = None  # hooks.Hooks, installed while this context is
     posted: list[tuple[BaseException, FailureRecord]] = dataclasses.field(default_factory=list)  # own failures
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    leaving: str = "called finalize()"  # how this rank finishes, for a peer still waiting for it
 
     def next_seq(self, group: str) -> int:
         """The number of this process's next sync on ``group`` (same on every member)."""

@@ -17,7 +17,7 @@ import time
 import traceback as _tb
 from typing import Any
 
-from ..errors import PeerFailure, PeerLost, SyncMismatch, SyncTimeout, TetherError
+from ..errors import PeerFailure, PeerFinished, PeerLost, SyncMismatch, SyncTimeout, TetherError
 
 RECORD_VERSION = 1
 
@@ -28,6 +28,7 @@ KIND_SIGNAL = "signal"  # it was killed by a signal, seen by its launcher
 KIND_LOST = "lost"  # it went silent: no heartbeat, or its process vanished
 KIND_TIMEOUT = "timeout"  # a sync's timeout expired while waiting for it
 KIND_MISMATCH = "mismatch"  # ranks entered different syncs
+KIND_FINISHED = "finished"  # it finished cleanly while others still waited for it in a sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +207,8 @@ def error_from_record(record: FailureRecord) -> TetherError:
         return SyncMismatch({int(k): v for k, v in record.detail.get("calls", {}).items()}, record)
     if record.kind in (KIND_LOST, KIND_SIGNAL):
         return PeerLost(record)
+    if record.kind == KIND_FINISHED:
+        return PeerFinished(record)
     if record.kind == KIND_EXIT and record.reporter != record.rank:
         return PeerLost(record)  # an exit seen only from outside (os._exit): it left no record
     return PeerFailure(record)

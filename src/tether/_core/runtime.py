@@ -283,7 +283,7 @@ def retire(ctx: Context, *, leave: bool = False) -> None:
         return
     with contextlib.suppress(Exception):
         if leave and not ctx.failed:
-            ctx.channel.leave()
+            ctx.channel.leave(ctx.leaving, ctx.seqs)
     ctx.watchdog.stop(announce=ctx.hosts_store)  # only the store's host takes the store away
     if ctx.hooks is not None:
         ctx.hooks.uninstall(keep_exit=ctx.failed)
@@ -307,6 +307,7 @@ def _wrap_destroy() -> None:
     def destroy_process_group(group: Any = None) -> None:
         ctx = context.peek()
         if ctx is not None and ctx.pg is not None and (group is None or group is ctx.pg):
+            ctx.leaving = "destroyed its process group"
             retire(ctx, leave=True)
         original(group)
 
@@ -329,6 +330,7 @@ def _at_exit() -> None:
     """A process that never called ``finalize``: stop tether's threads before teardown."""
     ctx = context.peek()
     if ctx is not None:
+        ctx.leaving = "exited without finalize()"
         retire(ctx, leave=True)
 
 
@@ -380,7 +382,7 @@ def _leave(ctx: Context) -> None:
     """
     assert ctx.channel is not None and ctx.store is not None and ctx.watchdog is not None
     done, closing, seen = (ctx.channel.key("left", k) for k in ("all", "closing", "seen"))
-    if ctx.channel.leave() == ctx.channel.world_size:
+    if ctx.channel.leave(ctx.leaving, ctx.seqs) == ctx.channel.world_size:
         ctx.store.set(done, "1")
     if ctx.hosts_store:
         while ctx.watchdog.failure is None:  # the host outlives the job, or its store would vanish

@@ -13,11 +13,13 @@ import socket
 import time
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import Store
 
 from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
+from .channel import ROOT_WAIT
 from .context import Context
 from .group import Group, tag
-from .record import KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
+from .record import KIND_FINISHED, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
 
@@ -102,6 +104,27 @@ def mismatch(ctx: Context, group: Group, signature: str) -> TetherError:
     return post_and_pick(ctx, record, own)
 
 
+def left_behind(ctx: Context, client: Store, group: Group, seq: int, call: str) -> None:
+    """Post a rank of ``group`` that finished before it reached sync ``seq`` (this rank waits there).
+
+    Called by the keeper thread while a wait lasts (``watchdog._Wait.check``), on its own
+    connection: one or two store reads per period. The record wakes this rank too.
+    """
+    assert ctx.channel is not None and ctx.watchdog is not None
+    channel = ctx.channel
+    for rank, (how, seqs) in sorted(channel.finished(client).items()):
+        if rank in group.members and rank != channel.rank and seqs.get(group.key, 0) < seq:
+            if channel.claim_loss(rank, client):
+                ctx.watchdog.post_and_deliver([finished_record(channel.rank, rank, how, call)], client)
+            else:
+                ctx.watchdog.wait_for_failure(ROOT_WAIT)  # another waiter won the claim: its post is coming
+            return
+
+
+def finished_record(me: int, rank: int, how: str, call: str) -> FailureRecord:
+    return lost_record(rank, f"it {how} while rank {me} waits in {call}", me, kind=KIND_FINISHED, exc_type="Finished")
+
+
 def warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: float) -> None:
     assert ctx.channel is not None
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
@@ -141,6 +164,12 @@ def explain_backend_error(ctx: Context, group: Group, exc: BaseException) -> Tet
     silent = [r for r in group.members if r != ctx.channel.rank and r not in answers]
     if not silent:
         return BackendError(f"{type(exc).__name__}: {exc}")
+    finished = ctx.channel.finished()
+    if silent[0] in finished:  # it left cleanly: its process ended, and the backend's connections with it
+        how = finished[silent[0]][0]
+        call = ctx.watchdog.current_call or "a torch.distributed call"
+        record = finished_record(ctx.channel.rank, silent[0], how, call)
+        return post_and_pick(ctx, record, error_from_record(record))
     record = lost_record(
         silent[0], f"its process stopped answering (the backend said: {str(exc).splitlines()[0]})", ctx.channel.rank
     )

@@ -55,10 +55,14 @@ from .context import Context
 from .group import Group, tag
 from .hooks import Terminated
 from .record import error_from_record
-from .verdicts import expire, explain_backend_error, failure_behind_stop, mismatch, warn_stall
+from .verdicts import expire, explain_backend_error, failure_behind_stop, left_behind, mismatch, warn_stall
 from .watchdog import ABORT, EXPIRED
 
 log = logging.getLogger("tether")
+
+# A wait still going after this long checks, every keeper period, whether a member finished
+# before it reached this sync (``verdicts.left_behind``); a wait that ends sooner costs nothing.
+LEFT_CHECK_AFTER = 0.5
 
 _COUNT_BITS = 20
 _COUNT_MASK = (1 << _COUNT_BITS) - 1
@@ -213,6 +217,8 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
         deadline=None if timeout is None else start + timeout,
         stall_at=start + ctx.settings.warn_after,
         on_stall=lambda: warn_stall(ctx, group, seq, signature, time.monotonic() - start),
+        check_at=start + LEFT_CHECK_AFTER,
+        check=lambda client: left_behind(ctx, client, group, seq, f"{signature} {tag(group, seq)}"),
     )
     try:
         try:
@@ -276,7 +282,11 @@ def _wait_event(
     start = time.monotonic()
     checked = warned = False
     added = 0
-    ctx.watchdog.begin_wait(event=done)
+    ctx.watchdog.begin_wait(
+        event=done,
+        check_at=start + LEFT_CHECK_AFTER,
+        check=lambda client: left_behind(ctx, client, group, seq, f"{signature} {tag(group, seq)}"),
+    )
     try:
         while True:
             elapsed = time.monotonic() - start

@@ -95,6 +95,8 @@ class _Wait:
     deadline: float | None = None  # monotonic: write EXPIRED to ``key`` then
     stall_at: float | None = None  # monotonic: call ``on_stall`` then (once)
     on_stall: Callable[[], None] | None = None
+    check_at: float | None = None  # monotonic: call ``check`` then, and every period after
+    check: Callable[[Store], None] | None = None  # a finished peer? (``verdicts.left_behind``)
 
 
 class Watchdog:
@@ -177,12 +179,14 @@ class Watchdog:
         deadline: float | None = None,
         stall_at: float | None = None,
         on_stall: Callable[[], None] | None = None,
+        check_at: float | None = None,
+        check: Callable[[Store], None] | None = None,
     ) -> None:
         """Register the main thread's wait; raises at once if a failure is known."""
         with self._lock:
             if self.failure is not None:
                 self._raise()
-            self._wait = _Wait(event, key, deadline, stall_at, on_stall)
+            self._wait = _Wait(event, key, deadline, stall_at, on_stall, check_at, check)
         if deadline is not None and key is not None:
             with contextlib.suppress(OSError):
                 os.write(self.signal_fd, b"\0")  # the keeper sleeps up to a period: let it see the deadline
@@ -324,7 +328,7 @@ class Watchdog:
                 with self._lock:
                     wait = self._wait
                 now = self._clock()
-                marks = [m for m in (wait.deadline, wait.stall_at) if m is not None]
+                marks = [m for m in (wait.deadline, wait.stall_at, wait.check_at) if m is not None]
                 timeout = max(0.0, min([self._period, *(m - now for m in marks)]))
                 readable, _, _ = select.select([self._sig_r], [], [], timeout)
                 if self._stop.is_set():
@@ -342,6 +346,10 @@ class Watchdog:
                 if wait.stall_at is not None and now >= wait.stall_at and wait.on_stall is not None:
                     wait.stall_at = None
                     wait.on_stall()
+                if wait.check_at is not None and now >= wait.check_at and wait.check is not None:
+                    wait.check_at = now + self._period
+                    if self.failure is None:
+                        wait.check(client)
                 if self.failure is None and self.judge is not None:
                     self.post_and_deliver(self.judge.check(client), client)
                 if self.failure is None and self.nodes is not None and now >= next_beat:

@@ -1,0 +1,57 @@
+"""A rank that finishes is not waited for (issue 8, item 6): real jobs of ``jobs/finish_early.py``.
+
+Rank 1 finishes (returns, ``sys.exit(0)``, ``finalize()``) while rank 0 waits for it in a
+barrier or an all_reduce. Rank 0 raises ``PeerFinished`` saying how rank 1 finished and
+where rank 0 waits, within the bound: the first check comes 0.5 s into a wait
+(``waits.LEFT_CHECK_AFTER``), then every keeper period (0.5 s).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _core import lc_events
+from _harness import Result, python, torchrun
+
+BOUND = 90.0
+NOTICE_S = 3.0  # 0.5 s before the first check + a keeper period, with slack for a loaded machine
+
+pytestmark = pytest.mark.timeout(BOUND + 60)
+
+
+def check(res: Result, how: str, where: str) -> None:
+    (finish,) = lc_events(res, "finish")
+    (e,) = lc_events(res, "raised")
+    assert (e["rank"], e["exc"], e["failing"]) == (0, "PeerFinished", 1), e
+    message = f"rank 1 failed: Finished: it {how} while rank 0 waits in {where}"
+    assert e["msg"] == message, e
+    assert "PeerFailure" in e["mro"], e  # code that catches PeerFailure catches it too
+    assert float(e["time"]) - float(finish.get("time", e["time"])) < NOTICE_S
+    assert message in res.stderr, res.stderr[-3000:]
+    assert res.leftovers == []
+
+
+@pytest.mark.parametrize(
+    ("how", "args", "story", "where"),
+    [
+        ("return", (), "returned from the function", "barrier #2"),
+        ("exit0", ("--collective",), "called sys.exit(0)", "all_reduce(SUM, float64[]) #2"),
+    ],
+)
+def test_a_rank_that_finishes_under_spawn_is_not_waited_for(
+    how: str, args: tuple[str, ...], story: str, where: str
+) -> None:
+    res = python("finish_early.py", "spawn", how, *args, bound=BOUND)
+    assert res.returncode == 7, res.output[-3000:]
+    check(res, story, where)
+    (launcher,) = lc_events(res, "launcher")
+    assert launcher["exit_codes"] == {"0": 3, "1": 0}
+    assert "  rank 1: finished" in res.stderr and "  rank 0: stopped: PEER_FAILED (exited with code 3)" in res.stderr
+
+
+@pytest.mark.parametrize(("args", "where"), [((), "barrier #2"), (("--collective",), "all_reduce(SUM, float64[]) #2")])
+def test_a_rank_that_finishes_under_torchrun_is_not_waited_for(args: tuple[str, ...], where: str) -> None:
+    res = torchrun("finish_early.py", "torchrun", "finalize", *args, nproc=2, bound=BOUND)
+    assert res.returncode == 1, res.output[-3000:]
+    check(res, "called finalize()", where)
+    assert "PeerLost" not in res.output  # not "its process stopped answering": it finished
