@@ -16,6 +16,7 @@ EXPECTED_ALL = [
     "JobFailed",
     "Parallel",
     "PeerFailure",
+    "PeerFinished",
     "PeerLost",
     "RankFormatter",
     "SyncMismatch",
@@ -50,6 +51,7 @@ EXPECTED_ALL = [
     "one_rank_first",
     "one_rank_only",
     "rank_print",
+    "register_comm_hook",
     "registered_computation_models",
     "set_local_rank",
     "show_config",
@@ -251,6 +253,7 @@ def test_exceptions_form_the_documented_hierarchy() -> None:
         assert issubclass(getattr(tether, name), tether.TetherError)
     assert issubclass(tether.TetherError, RuntimeError)
     assert issubclass(tether.PeerLost, tether.PeerFailure)
+    assert issubclass(tether.PeerFinished, tether.PeerFailure)
     assert issubclass(tether.SyncTimeout, TimeoutError)
     assert {c.name: int(c) for c in tether.ExitCode} == {
         "OK": 0,

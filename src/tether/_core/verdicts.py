@@ -141,7 +141,13 @@ _BACKEND_WORDS = ("Connection closed by peer", "Connection reset by peer", "Brok
 
 def is_backend_error(exc: BaseException) -> bool:
     """True for an error raised by torch.distributed's communication, not by user code."""
-    return isinstance(exc, dist.DistError) or any(word in str(exc) for word in _BACKEND_WORDS)
+    if isinstance(exc, dist.DistError):
+        return True
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ is the user's, never the backend's
+        return False
+    return any(word in text for word in _BACKEND_WORDS)
 
 
 def explain_backend_error(ctx: Context, group: Group, exc: BaseException) -> TetherError:
@@ -180,7 +186,10 @@ OUTSIDE = "(outside tether)"  # how a rank in a torch.distributed call ends its 
 
 
 def _is_timeout(exc: BaseException) -> bool:
-    return "Timed out" in str(exc) or "timed out" in str(exc)
+    try:
+        return "timed out" in str(exc).lower()
+    except Exception:
+        return False
 
 
 def failure_behind_raw(ctx: Context, exc: BaseException, call: str) -> TetherError | None:

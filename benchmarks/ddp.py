@@ -1,0 +1,370 @@
+"""Cost of tether's DDP communication hook: a DDP training step with it vs without it.
+
+Usage::
+
+    python benchmarks/ddp.py                          # 2 and 4 ranks, ~6 minutes on 2 cores
+    python benchmarks/ddp.py --ranks 2 --quick --out /tmp/ddp-trial
+
+Results go to ``--out`` + ``.md`` (the table) and + ``.json`` (the raw samples), by
+default ``benchmarks/results/ddp.md`` and ``ddp.json``.
+
+What is compared: one training step (forward, loss, backward, ``optimizer.step()`` of
+SGD, ``zero_grad()``) of ``torch.nn.parallel.DistributedDataParallel`` as torch ships it
+(its built-in C++ all-reduce, no hook) vs the same DDP with tether's communication hook
+(``tether.register_comm_hook(model)``, which ``tether.auto_model`` registers too), for
+
+* a ~1 MB model (three ``Linear`` layers, 279k float32 parameters, batch 32: a bucket or two),
+* a ~100 MB model (six ``Linear(2048, 2048)``, 25.2M float32 parameters, batch 8: DDP's
+  25 MB buckets, so several hook calls per step); ``--quick`` uses ``Linear(1024, 1024)``
+  (~25 MB) instead.
+
+Targets: hook/plain <= 1.05x for the ~1 MB model, <= 1.02x for the ~100 MB model.
+
+How: one torchrun job per world size (gloo on CPU, one thread per rank). Each rank calls
+``tether.initialize("gloo")`` and builds, for each model, two DDP instances from the same
+initial weights (a deep copy, and DDP broadcasts rank 0's anyway) in the same process
+over the same process group: the plain one and the hooked one, each with its own SGD.
+Each rank feeds its own fixed batch (seeded by rank), the same to both contenders.
+
+Caveat, conservative for the hook: once a tether hook is registered,
+``torch.autograd.backward`` (through which ``loss.backward()`` goes) is wrapped process
+wide (``tether/ddp.py``), so the plain contender's backward passes through that wrapper
+too: the wrapper's cost is charged to both, and the ratio measures the hook itself (and
+the per-instance ``forward`` wrapper, which only the hooked model has). The plain
+contender is a separate DDP instance on which no hook is ever registered.
+
+Noise: every contender is warmed up first (past DDP's bucket rebuild at its second
+iteration). Then contenders are interleaved: each *round* runs one timed batch of
+``--steps`` steps (default 50 for the ~1 MB model, 10 for the ~100 MB one; 20 rounds) of
+every contender, the two contenders of a model back to back in an order swapped from
+round to round (the order of the two models swapped every other round); every batch
+starts aligned on an untimed ``dist.barrier()``, and its cost per step is the slowest
+rank's batch time divided by the step count. The table gives each contender's median
+over rounds with its interquartile range (IQR, % of the median), and the ratio
+hook/plain as the median of the per-round ratios (the two batches of a round ran side by
+side, under the same load) with their quartiles. A target is *met* when the upper
+quartile of the ratio is within it, *not met* when the IQR crosses it, *MISSED* when the
+whole IQR is above it. Before each world size the driver waits until the 1-minute load
+average is below ``--wait-load`` (default 1.5; polled every 20 s, up to ``--wait-max``
+s, then it measures anyway and says so); the result gives the load at the start and at
+the end of each world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from sync import _command_line, _stats  # noqa: E402  (shared with sync.py: same argv and IQR conventions)
+
+if TYPE_CHECKING:
+    import torch
+
+TARGETS = {"small": 1.05, "large": 1.02}  # model: max ratio hook/plain
+PLAIN, HOOK = "plain DDP", "DDP + tether hook"
+WARMUP = 5  # steps per contender before timing (DDP rebuilds its buckets at the 2nd)
+
+
+# --- the worker (one rank under torchrun) ----------------------------------------------------
+
+
+def _models(quick: bool) -> list[tuple[str, torch.nn.Module, int, int]]:
+    """(name, network, input width, batch size)."""
+    import torch.nn as nn
+
+    small = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 64))
+    width = 1024 if quick else 2048
+    layers: list[nn.Module] = []
+    for i in range(6):
+        layers += [nn.Linear(width, width)] + ([nn.ReLU()] if i < 5 else [])
+    return [("small", small, 256, 32), ("large", nn.Sequential(*layers), width, 8)]
+
+
+class _Contender:
+    """One DDP instance with its optimizer and this rank's fixed batch."""
+
+    def __init__(self, ddp: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        import torch
+
+        self.ddp = ddp
+        self.x, self.y = x, y
+        self.opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        self.loss = torch.nn.functional.mse_loss
+
+    def step(self) -> None:
+        loss = self.loss(self.ddp(self.x), self.y)
+        loss.backward()  # type: ignore[no-untyped-call]
+        self.opt.step()
+        self.opt.zero_grad()
+
+
+def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import tether
+
+    torch.set_num_threads(1)
+    tether.initialize("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batch
+    models: list[dict[str, Any]] = []
+    pairs: list[tuple[_Contender, _Contender]] = []
+    for name, net, width, batch in _models(quick):
+        x = torch.randn(batch, width, generator=data)
+        out_width = net(x[:1]).shape[1]
+        y = torch.randn(batch, out_width, generator=data)
+        plain = DistributedDataParallel(copy.deepcopy(net))
+        hooked = DistributedDataParallel(net)
+        tether.register_comm_hook(hooked)
+        pairs.append((_Contender(plain, x, y), _Contender(hooked, x, y)))
+        params = sum(p.numel() for p in net.parameters())
+        nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
+        models.append({"model": name, "params": params, "bytes": nbytes, "batch": batch, "steps": steps[name]})
+    for pair in pairs:  # warm up every path (gloo's connections, DDP's bucket rebuild)
+        for c in pair:
+            for _ in range(WARMUP):
+                c.step()
+    # per model: (plain, hook) ms per step, one sample per round
+    samples: list[tuple[list[float], list[float]]] = [([], []) for _ in pairs]
+    for r in range(rounds):
+        model_order = [0, 1] if (r // 2) % 2 == 0 else [1, 0]
+        for m in model_order:
+            who_order = [0, 1] if r % 2 == 0 else [1, 0]
+            for who in who_order:
+                c, n = pairs[m][who], models[m]["steps"]
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    c.step()
+                samples[m][who].append((time.perf_counter() - t0) / n * 1e3)
+    # slowest rank per batch: gathered outside any timing
+    mine = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    # both instances saw the same data and the same averaged gradients: their weights agree
+    drift = torch.tensor(
+        [
+            max(float((a - b).abs().max()) for a, b in zip(p.ddp.parameters(), h.ddp.parameters(), strict=True))
+            for p, h in pairs
+        ],
+        dtype=torch.float64,
+    )
+    dist.all_reduce(drift, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        for m, info in enumerate(models):
+            info["plain_ms"], info["hook_ms"] = mine[m][0].tolist(), mine[m][1].tolist()
+            info["weight_drift"] = float(drift[m])
+        print("RESULT " + json.dumps({"world": world, "rounds": rounds, "models": models}), flush=True)
+    tether.finalize()
+
+
+# --- the driver ----------------------------------------------------------------------------
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) >= 4:
+        q1, med, q3 = statistics.quantiles(xs, n=4)
+        return q1, statistics.median(xs), q3
+    return min(xs), statistics.median(xs), max(xs)
+
+
+def _ratios(model: dict[str, Any]) -> tuple[float, float, float]:
+    """Quartiles of the per-round ratios hook/plain."""
+    return _quartiles([h / p for h, p in zip(model["hook_ms"], model["plain_ms"], strict=True)])
+
+
+def _label(model: dict[str, Any]) -> str:
+    mb = model["bytes"] / 1e6
+    return f"{model['model']} ({model['params'] / 1e6:.2f}M params, {mb:.1f} MB, batch {model['batch']})"
+
+
+def run_world(n: int, rounds: int, quick: bool, steps: dict[str, int], bound: float) -> dict[str, Any]:
+    import _proc
+
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(n),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_proc.free_port()),
+        "--monitor_interval",
+        "0.1",
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--rounds",
+        str(rounds),
+        "--steps",
+        str(steps["small"]),
+        str(steps["large"]),
+        *(["--quick"] if quick else []),
+    ]
+    done = _proc.run(args, bound, env={"OMP_NUM_THREADS": "1"})
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or not lines or done.leftovers:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
+        raise SystemExit(f"ddp benchmark at {n} ranks failed: exit {done.returncode}, leftovers {done.leftovers}")
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """One markdown table: a row per (model, contender), a column pair per world size."""
+    worlds = [r["world"] for r in results]
+    head = "| model | contender | " + " | ".join(f"{w} ranks ms/step (IQR %) | ratio (IQR)" for w in worlds) + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(worlds))]
+    for m, first in enumerate(results[0]["models"]):
+        for who, key in ((PLAIN, "plain_ms"), (HOOK, "hook_ms")):
+            cells = []
+            for res in results:
+                model = res["models"][m]
+                med, iqr = _stats(model[key])
+                if key == "plain_ms":
+                    ratio = "1"
+                else:
+                    q1, r, q3 = _ratios(model)
+                    ratio = f"{r:.3f}x ({q1:.3f} to {q3:.3f})"
+                cells.append(f"{med:,.1f} ({iqr:.0f}%) | {ratio}")
+            lines.append(f"| {_label(first)} | {who} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def verdicts(results: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for res in results:
+        for model in res["models"]:
+            limit = TARGETS[model["model"]]
+            q1, ratio, q3 = _ratios(model)
+            if q3 <= limit:
+                verdict = "met"
+            elif q1 <= limit:
+                verdict = "not met (its IQR crosses the target)"
+            else:
+                verdict = "MISSED"
+            mb = model["bytes"] / 1e6
+            out.append(
+                f"{res['world']} ranks: {model['model']} model ({mb:.0f} MB): hook/plain = {ratio:.3f}x "
+                f"(IQR {q1:.3f}x to {q3:.3f}x; target <= {limit}x) {verdict}"
+            )
+    return out
+
+
+def _paths(out: Path) -> tuple[Path, Path]:
+    """``--out`` without (or with) ``.md``/``.json``: the markdown and the json file."""
+    base = out.with_suffix("") if out.suffix in {".md", ".json"} else out
+    return base.parent / (base.name + ".md"), base.parent / (base.name + ".json")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 20, 5 with --quick)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("SMALL", "LARGE"),
+        help="steps per timed batch for the ~1 MB and the ~100 MB model (default 50 10; 10 3 with --quick)",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and steps, a ~25 MB 'large' model")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE / "results" / "ddp",
+        help="write OUT.md (the table) and OUT.json (raw samples); default benchmarks/results/ddp",
+    )
+    parser.add_argument(
+        "--wait-load", type=float, default=1.5, help="wait for a 1-minute load below this before each world (0: no)"
+    )
+    parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
+    parser.add_argument(
+        "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
+    )
+    parser.add_argument("--note", default="", help="a paragraph to put under the title of the markdown copy")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    rounds = args.rounds or (5 if args.quick else 20)
+    small_steps, large_steps = args.steps or ((10, 3) if args.quick else (50, 10))
+    steps = {"small": small_steps, "large": large_steps}
+    if args.worker:
+        worker(rounds, args.quick, steps)
+        return
+    import _proc
+
+    _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
+    library = [_proc.library_state()]
+    results = []
+    loads = {}
+    for n in args.ranks:
+        quiet = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
+        print(f"[{n} ranks: {quiet.describe()}]", flush=True)
+        t0 = time.monotonic()
+        # a hang guard, not an estimate: a large-model step took ~0.55 s at 4 ranks on 2 cores
+        # (a small-model one ~1/50 of that); this allows 0.5 s per rank per step, ~4x that
+        bound = 300 + 0.5 * n * (2 * rounds * (steps["large"] + steps["small"] / 20) + 2 * WARMUP)
+        results.append(run_world(n, rounds, args.quick, steps, bound))
+        end = os.getloadavg()[0]
+        elapsed = time.monotonic() - t0
+        loads[n] = (quiet, end)
+        results[-1]["load"] = {**vars(quiet), "load_end": end, "seconds": elapsed}
+        print(f"[{n} ranks: {elapsed:.0f} s, load {end:.2f} at end]", flush=True)
+    library.append(_proc.library_state())
+    one, five, fifteen = os.getloadavg()
+    drift = max(m["weight_drift"] for res in results for m in res["models"])
+    text = "\n".join(
+        [
+            "# tether DDP hook benchmark",
+            "",
+            *([args.note, ""] if args.note else []),
+            f"`python benchmarks/ddp.py {_command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
+            "torchrun, gloo on CPU, one thread per rank.",
+            "",
+            _proc.describe_library(*library),
+            "",
+            "Load (1-minute average) at the start of each world size, after waiting for it to drop below "
+            f"{args.wait_load:g}, and at its end: "
+            + "; ".join(f"{n} ranks: {q.describe()}, {end:.2f} at end" for n, (q, end) in loads.items())
+            + ".",
+            "",
+            f"ms per training step (forward, MSE loss, backward, SGD step, zero_grad), median of {rounds} "
+            f"interleaved rounds of {steps['small']} (small) / {steps['large']} (large) steps per batch, slowest "
+            "rank per batch; IQR = interquartile range in % of the median; ratio = median of the per-round ratios "
+            "hook/plain, with their quartiles in parentheses. Both contenders run in the same processes, and "
+            "both pass through tether's process-wide `torch.autograd.backward` wrapper (see the module docstring).",
+            "",
+            table(results),
+            "",
+            *verdicts(results),
+            "",
+            f"Weights of the two instances after the run: max |plain - hook| = {drift:.2g} (same data, same "
+            "averaged gradients).",
+        ]
+    )
+    print()
+    print(text)
+    md, raw = _paths(args.out)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(text + "\n")
+    raw.write_text(json.dumps(results, indent=1))
+    print(f"\n[wrote {md} and {raw}]")
+
+
+if __name__ == "__main__":
+    main()
