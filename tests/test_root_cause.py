@@ -134,3 +134,21 @@ def test_an_exception_that_is_hard_to_render_still_reaches_the_peer(kind: str, e
     assert lead[0]["root_type"] == exc_type, lead
     # 4. nothing left
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(180)
+def test_two_ranks_failing_in_the_same_second_under_torchrun_show_the_first_as_root_cause() -> None:
+    from _harness import torchrun
+
+    res = torchrun("torchrun_tie.py", nproc=4, bound=120.0)
+    assert res.returncode == 1, tail(res)
+    struck = {e["rank"]: e["time"] for e in events(res, "struck")}
+    assert sorted(struck) == [1, 2] and int(struck[1]) == int(struck[2]), struck  # the same second
+    root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank\s+: 2 \(local_rank: 2\)", root), root
+    assert "RuntimeError: boom from rank 2" in root and "boom from rank 1" not in root, root
+    victims = {e["rank"]: e for e in events(res, "raised") if e["rank"] in (0, 3)}
+    assert sorted(victims) == [0, 3], tail(res)
+    for e in victims.values():
+        assert (e["exc"], e["failing"], e["orig_msg"]) == ("PeerFailure", 2, "boom from rank 2"), e
+    assert res.leftovers == [], tail(res)

@@ -19,13 +19,14 @@ user's own autograd error (not the backend's, no failure known) passes unchanged
 
 With ``sync_timeout`` set, a bucket's all-reduce still pending ``sync_timeout`` seconds
 after the hook issued it is failed with ``SyncTimeout`` naming the ranks that were not in
-DDP's (or another torch.distributed) wait, a timer per bucket.
+DDP's (or another torch.distributed) wait: the watchdog's keeper looks at the deadlines
+every period, so within ``sync_timeout`` + 1 s.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks a hook's annotations, which
 # must be the real ``GradBucket`` and ``Future[Tensor]``, not strings.
 import functools
-import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -102,28 +103,30 @@ class _TetherHook:
 
     def __call__(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         watchdog = self._ctx.watchdog
+        work: torch.futures.Future[Any]
         if self._inner is not None:
             work = self._inner(state, bucket)
-        else:
+        else:  # DDP's own all-reduce; its future's value is a list, unpacked in settle (one hop less)
             tensor = bucket.buffer().div_(dist.get_world_size(self._group))
-            work = dist.all_reduce(tensor, group=self._group, async_op=True).get_future().then(_first)
+            work = dist.all_reduce(tensor, group=self._group, async_op=True).get_future()
         if watchdog is None:  # no failure channel (one process): nothing can fail it
-            return work
+            return work if self._inner is not None else work.then(_first)
         parent: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         failables = watchdog.failables
 
-        def settle(done: torch.futures.Future[torch.Tensor]) -> None:
+        def settle(done: torch.futures.Future[Any]) -> None:
             try:
                 value = done.value()
             except Exception as exc:  # the backend's error: backward() explains it
                 failables.settle(parent, error=exc)
             else:
-                failables.settle(parent, result=value)
+                failables.settle(parent, result=value[0] if isinstance(value, list) else value)
 
-        failables.add(parent)
         timeout = self._ctx.settings.timeout
-        if timeout is not None:
-            _expire_later(self._ctx, parent, timeout)
+        if timeout is None:
+            failables.add(parent)
+        else:
+            failables.add(parent, time.monotonic() + timeout, functools.partial(_expire, self._ctx, timeout))
         work.add_done_callback(settle)
         return parent.then(_value)
 
@@ -141,21 +144,12 @@ IN_BACKWARD = f"DDP's backward {OUTSIDE}"
 IN_FORWARD = f"DDP's forward {OUTSIDE}"
 
 
-def _expire_later(ctx: Context, parent: torch.futures.Future[Any], timeout: float) -> None:
-    """Fail ``parent`` with ``SyncTimeout`` if it is still pending after ``timeout`` seconds."""
-
-    def on_expiry() -> None:
-        if parent.done() or ctx.watchdog is None:
-            return
-        # asks every rank where it is and posts the timeout: every rank raises the same
+def _expire(ctx: Context, timeout: float) -> None:
+    """A bucket's all-reduce outlived ``sync_timeout``: ask every rank where it is, post the
+    timeout (every rank raises it), and fail this rank's futures with it. On the keeper thread."""
+    if ctx.watchdog is not None and ctx.watchdog.failure is None:
         error = expire(ctx, world(ctx), 0, "DDP's gradient all-reduce", timeout, at=OUTSIDE)
         ctx.watchdog.deliver(error, None)
-
-    timer = threading.Timer(timeout, on_expiry)
-    timer.daemon = True
-    timer.name = "tether-ddp-timeout"
-    timer.start()
-    parent.add_done_callback(lambda _: timer.cancel())
 
 
 _wrapped = False

@@ -46,7 +46,8 @@ def report_failure(exc: BaseException) -> BaseException | None:
             _write_error_file(ctx.error_file, exc, ctx.channel.root_cause(), victim=True)
         else:
             record = ctx.post_own(exc, where)
-            _write_error_file(ctx.error_file, exc, record, victim=False)
+            root = ctx.channel.root_cause() if record is not None and record.seq != 1 else record
+            _write_error_file(ctx.error_file, exc, record, victim=False, root=root)
             if record is not None and threading.current_thread() is not threading.main_thread():
                 _wake_main_thread(ctx, record)
     except Exception as err:
@@ -65,10 +66,24 @@ def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
     ctx.watchdog.deliver(error_from_record(record), ctx.channel.connection)
 
 
-def _write_error_file(path: str | None, exc: BaseException, record: FailureRecord | None, victim: bool) -> None:
-    """torchelastic's error file (see ``errorfile.py``); a victim's names the root cause's time + 1."""
+def _write_error_file(
+    path: str | None,
+    exc: BaseException,
+    record: FailureRecord | None,
+    victim: bool,
+    root: FailureRecord | None = None,
+) -> None:
+    """torchelastic's error file (see ``errorfile.py``).
+
+    torchrun names the failure with the smallest timestamp (whole seconds, ties to the
+    lowest rank) as its root cause. So a victim's file says the root cause's time + 1, and
+    so does the file of a rank that failed on its own *after* another (its record is not
+    seq 1): two failures within the same second then still show the first one.
+    """
     if path is None or (victim and os.path.exists(path)):  # never cover this rank's own failure
         return
     stamp = int(record.time if record is not None and record.time else time.time()) + (1 if victim else 0)
+    if not victim and root is not None and record is not None and root.seq != record.seq and root.time:
+        stamp = max(stamp, int(root.time) + 1)
     message = f"{type(exc).__name__}: {exc}" if victim or record is None else record.headline
     errorfile.write(path, message, stamp, "" if victim or record is None else record.traceback)

@@ -20,6 +20,7 @@ Facts measured on torch 2.13 (gloo) that shape it:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,22 +31,41 @@ class Failables:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: set[torch.futures.Future[Any]] = set()
+        # future -> (deadline, on_expiry)
+        self._pending: dict[torch.futures.Future[Any], tuple[float | None, Callable[[], None] | None]] = {}
         self._failure: BaseException | None = None
 
-    def add(self, fut: torch.futures.Future[Any]) -> None:
-        """Watch ``fut``; it fails at once if a failure is already known."""
+    def add(
+        self,
+        fut: torch.futures.Future[Any],
+        deadline: float | None = None,
+        on_expiry: Callable[[], None] | None = None,
+    ) -> None:
+        """Watch ``fut``; it fails at once if a failure is already known.
+
+        ``on_expiry`` runs once, on the keeper thread (``expire_due``), if ``fut`` is still
+        pending at ``deadline`` (monotonic seconds): it posts the timeout that fails it.
+        """
         with self._lock:
             failure = self._failure
             if failure is None:
-                self._pending.add(fut)
+                self._pending[fut] = (deadline, on_expiry)
         if failure is not None:
             self.settle(fut, error=failure)
+
+    def expire_due(self, now: float) -> None:
+        """Run the ``on_expiry`` of every pending future whose deadline has passed (once each)."""
+        with self._lock:
+            due = [(f, cb) for f, (d, cb) in self._pending.items() if d is not None and d <= now and cb is not None]
+            for fut, _ in due:
+                self._pending[fut] = (None, None)
+        for _, on_expiry in due:
+            on_expiry()
 
     def settle(self, fut: torch.futures.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
         """Complete ``fut`` with ``result`` or ``error``, unless it is completed already."""
         with self._lock:
-            self._pending.discard(fut)
+            self._pending.pop(fut, None)
             if fut.done():
                 return
             if error is not None:
@@ -57,7 +77,7 @@ class Failables:
         """Fail every pending future, and every future added from now on, with ``error``."""
         with self._lock:
             self._failure = error
-            pending, self._pending = list(self._pending), set()
+            pending, self._pending = list(self._pending), {}
         for fut in pending:
             self.settle(fut, error=error)
 

@@ -350,6 +350,8 @@ class Watchdog:
                     wait.check_at = now + self._period
                     if self.failure is None:
                         wait.check(client)
+                if self.failure is None:
+                    self.failables.expire_due(now)
                 if self.failure is None and self.judge is not None:
                     self.post_and_deliver(self.judge.check(client), client)
                 if self.failure is None and self.nodes is not None and now >= next_beat:
