@@ -50,6 +50,7 @@ EXPECTED_ALL = [
     "new_group",
     "one_rank_first",
     "one_rank_only",
+    "patch_ignite",
     "rank_print",
     "register_comm_hook",
     "registered_computation_models",

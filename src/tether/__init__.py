@@ -13,6 +13,7 @@ from .auto import DistributedProxySampler as DistributedProxySampler
 from .auto import auto_dataloader as auto_dataloader
 from .auto import auto_model as auto_model
 from .auto import auto_optim as auto_optim
+from .bridge import patch_ignite as patch_ignite
 from .collectives import all_gather as all_gather
 from .collectives import all_gather_tensors_with_shapes as all_gather_tensors_with_shapes
 from .collectives import all_reduce as all_reduce
@@ -94,6 +95,7 @@ __all__ = [
     "new_group",
     "one_rank_first",
     "one_rank_only",
+    "patch_ignite",
     "rank_print",
     "register_comm_hook",
     "registered_computation_models",

@@ -12,14 +12,16 @@ and explains them instead:
 * **Named**: while the context lives, the functions of ``torch.distributed`` listed in
   ``WRAPPED`` are wrapped: the wrapper marks this rank's whereabouts ("in
   dist.broadcast (outside tether)"), so a peer's timeout names who did not arrive and
-  a stall report says where each rank is.
+  a stall report says where each rank is; a call still waiting after ``warn_after``
+  logs a stall report of its own, as tether's waits do.
 * **Explained**: when the call raises a backend error (gloo's "Connection closed by
   peer", its timeout) the wrapper raises the failure behind it instead, chained to the
   backend's error: the peer's ``PeerFailure`` if one is posted within a short window, a
   ``PeerLost`` for a peer that stopped answering, a ``SyncTimeout`` naming the ranks that
   did not arrive.
 
-The wrapper costs two attribute writes and a ``try`` per call. It covers code that looks
+The wrapper costs two attribute writes, the watchdog's lock twice (``begin_wait`` /
+``end_wait``) and a ``try`` per call. It covers code that looks
 the function up on the module at call time (``dist.all_reduce(...)``, and torch's own
 ``torch.distributed.utils``, which DDP's constructor uses); a name imported with ``from
 torch.distributed import all_reduce`` before tether started is not covered.
@@ -28,6 +30,7 @@ torch.distributed import all_reduce`` before tether started is not covered.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +38,9 @@ import torch.distributed as dist
 
 from ..errors import TetherError
 from . import context
+from .group import Group
 from .hooks import Terminated
-from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop
+from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, warn_stall
 
 RAW_MARGIN = 1.0  # seconds gloo's timeout exceeds sync_timeout: tether's own waits expire first
 
@@ -94,7 +98,13 @@ def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     if ctx is None or watchdog is None or watchdog.current_call:
         return fn(*args, **kwargs)
     watchdog.current_call = call
+    start = time.monotonic()
+    world = Group("w", tuple(range(watchdog.channel.world_size)), None)
     try:
+        watchdog.begin_wait(  # nothing to wake: for the stall report only (it raises a known failure)
+            stall_at=start + ctx.settings.warn_after,
+            on_stall=lambda: warn_stall(ctx, world, 0, call, time.monotonic() - start),
+        )
         return fn(*args, **kwargs)
     except RuntimeError as exc:
         if isinstance(exc, TetherError):
@@ -112,6 +122,7 @@ def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
             raise
         raise watchdog.taken(behind) from stop
     finally:
+        watchdog.end_wait()
         watchdog.current_call = ""
 
 

@@ -144,6 +144,9 @@ def _watch(
     ctx.hooks.install()
     _wrap_destroy()
     rawcalls.install()
+    from .. import bridge  # the API layer, imported late: ignite's internals get tether's waits
+
+    bridge.patch_ignite_if_imported()
     _register_atexit()
     return ctx
 

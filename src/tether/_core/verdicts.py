@@ -128,7 +128,8 @@ def finished_record(me: int, rank: int, how: str, call: str) -> FailureRecord:
 def warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: float) -> None:
     assert ctx.channel is not None
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
-    lines = [f"tether: rank {ctx.channel.rank} has waited {elapsed:.0f} s in {signature} {tag(group, seq)}:"]
+    where = f"{signature} {tag(group, seq)}" if seq else signature  # seq 0: a wait outside tether
+    lines = [f"tether: rank {ctx.channel.rank} has waited {elapsed:.0f} s in {where}:"]
     for r in group.members:
         if r != ctx.channel.rank:
             lines.append(f"  rank {r}: {answers.get(r, 'no answer: frozen, dead, or holding the GIL')}")

@@ -1,0 +1,57 @@
+"""ignite's own internals through tether (issue 8, item 4): ``examples/ignite_trainer.py``, for real.
+
+An ignite ``Engine`` with ``Accuracy``/``Loss``, ``Checkpoint`` and DDP from ``auto_model``,
+2 ranks under ``tether.Parallel``. A raise in training and a stall in evaluation (where
+the wait is ignite's metric reduction, which calls ``ignite.distributed``) must end
+every other rank with tether's error, in bound, the root cause printed once.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+
+import pytest
+
+from _harness import ROOT, Result, run
+
+BOUND = 120.0
+pytestmark = pytest.mark.timeout(BOUND + 60)
+
+
+def example(*args: str) -> Result:
+    with tempfile.TemporaryDirectory(prefix="tether-ignite-test-") as out:
+        return run([sys.executable, str(ROOT / "examples" / "ignite_trainer.py"), "--out-dir", out, *args], BOUND)
+
+
+def ranks(res: Result) -> dict[str, str]:
+    return dict(re.findall(r"^  rank (\d+): (.*)$", res.stderr, re.M))
+
+
+def test_the_ignite_example_trains_and_checkpoints() -> None:
+    res = example("--epochs", "1")
+    assert res.returncode == 0, res.output[-3000:]
+    assert re.search(r"^epoch 1: \{'accuracy': 0\.\d+, 'loss': \d\.\d+\}$", res.stdout, re.M), res.stdout
+    assert res.leftovers == []
+
+
+def test_a_raise_in_ignites_training_loop_stops_the_other_rank_with_peer_failure() -> None:
+    res = example("--fail-kind", "raise", "--fail-rank", "1", "--fail-at", "train")
+    assert res.returncode == 1, res.output[-3000:]
+    root = "rank 1 failed: RuntimeError: injected failure in train"
+    assert res.stderr.count(f"tether: job failed. Root cause: {root}") == 1, res.stderr[-3000:]
+    assert ranks(res)["0"] == "stopped: PEER_FAILED (exited with code 3)", res.stderr[-3000:]
+    assert res.leftovers == []
+
+
+def test_a_stall_in_ignites_metric_reduction_is_a_sync_timeout_naming_the_stalled_rank() -> None:
+    res = example("--fail-kind", "stall", "--fail-rank", "1", "--fail-at", "eval", "--sync-timeout", "4")
+    assert res.returncode == 1, res.output[-3000:]
+    # rank 0 waits in Accuracy's all-reduce: ignite's call, tether's collective
+    assert "Engine run is terminating due to exception: all_reduce(" in res.stderr, res.stderr[-3000:]
+    root = re.search(r"Root cause: rank 1 failed: SyncTimeout: (.*) timed out after 4 s: rank\(s\) \[1\]", res.stderr)
+    assert root is not None, res.stderr[-3000:]
+    assert ranks(res)["0"] == "stopped: TIMEOUT (exited with code 4)", res.stderr[-3000:]
+    assert res.elapsed < BOUND
+    assert res.leftovers == []
