@@ -32,12 +32,39 @@ from . import _checks, groups
 from ._core.context import Context
 from ._core.group import Group
 from ._core.runtime import current
+from ._core.verdicts import mismatch_of
 from ._core.waits import wait_work
 from .backends import REDUCE_OPS
 
 
 def _run(ctx: Context, work: Any, group: Group, signature: str, timeout: float | None) -> None:
     wait_work(ctx, work, group, signature, timeout)
+
+
+_SIGNATURE_BYTES = 96  # what each rank tells the others of its call, with ``check_collectives``
+
+
+def _agree(ctx: Context, group: Group, signature: str, timeout: float | None) -> None:
+    """With ``check_collectives``: raise ``SyncMismatch`` unless every member passes the same.
+
+    Every member all-gathers its call's signature (``all_reduce(SUM, float32[2, 3])``, at
+    most 96 bytes), so every member learns every other's call and raises the same error,
+    before any data moves: no rank crashes on mismatched buffers or returns garbage.
+    """
+    if not ctx.settings.check_collectives:
+        return
+    text = signature.encode()[:_SIGNATURE_BYTES].ljust(_SIGNATURE_BYTES, b"\0")
+    mine = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(ctx.backend.comm_device())
+    out = [torch.empty_like(mine) for _ in group.members]
+    ctx.check()
+    work = dist.all_gather(out, mine, group=group.pg, async_op=True)
+    _run(ctx, work, group, signature, timeout)
+    calls = {
+        r: bytes(t.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
+        for r, t in zip(group.members, out, strict=False)
+    }
+    if len(set(calls.values())) > 1:
+        raise mismatch_of(ctx, group, calls)
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -102,9 +129,11 @@ def all_reduce(
     if members is None:
         return tensor
     t = _staged(ctx, tensor) if isinstance(tensor, torch.Tensor) else _number(tensor, ctx.backend.comm_device())
+    signature = f"all_reduce({op}, {_describe(t)})"
+    _agree(ctx, members, signature, timeout)
     ctx.check()  # never send into a job that already failed: the work would outlive the rank
     work = dist.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
-    _run(ctx, work, members, f"all_reduce({op}, {_describe(t)})", timeout)
+    _run(ctx, work, members, signature, timeout)
     if isinstance(tensor, torch.Tensor):
         return _fill(tensor, t)
     return cast(float, t.item())
@@ -115,10 +144,12 @@ def _gather_tensor(
 ) -> torch.Tensor:
     if t.ndim == 0:
         t = t.unsqueeze(0)
+    signature = f"{signature}({_describe(t)})"
+    _agree(ctx, members, signature, timeout)
     out = [torch.empty_like(t) for _ in members.members]
     ctx.check()
     work = dist.all_gather(out, t, group=members.pg, async_op=True)
-    _run(ctx, work, members, f"{signature}({_describe(t)})", timeout)
+    _run(ctx, work, members, signature, timeout)
     return torch.cat(out, dim=0)
 
 
@@ -285,9 +316,11 @@ def broadcast(
     device = ctx.backend.comm_device()
 
     def send(t: torch.Tensor, what: str) -> torch.Tensor:
+        signature = f"broadcast(src={src}, {what})"
+        _agree(ctx, members, signature, timeout)
         ctx.check()
         work = dist.broadcast(t, src=src, group=members.pg, async_op=True)
-        _run(ctx, work, members, f"broadcast(src={src}, {what})", timeout)
+        _run(ctx, work, members, signature, timeout)
         return t
 
     def send_bytes(data: bytes, what: str) -> bytes:

@@ -33,12 +33,17 @@ class SyncSettings:
         answer_within: how long a whereabouts query waits for answers.
         check_after: a collective still waiting after this long checks, on the store,
             that every rank entered the same call (the mismatch check's slow path).
+        check_collectives: before each collective, every rank learns what every other
+            passed (one small all_gather): different shapes, dtypes or kinds raise
+            ``SyncMismatch`` on every rank instead of corrupting data. Off by default:
+            it costs a round trip per collective (``benchmarks/results/sync.md``).
     """
 
     timeout: float | None = None
     warn_after: float = 300.0
     answer_within: float = 1.0
     check_after: float = 0.2
+    check_collectives: bool = False
 
 
 @dataclasses.dataclass

@@ -9,7 +9,7 @@ from typing import Any
 from .context import SyncSettings
 from .watchdog import WatchdogConfig
 
-_OPTIONS = {"heartbeat", "lost_after", "grace", "sync_timeout", "warn_after"}
+_OPTIONS = {"heartbeat", "lost_after", "grace", "sync_timeout", "warn_after", "check_collectives"}
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class Options:
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {sorted(unknown)}")
         w, s = WatchdogConfig(), SyncSettings()
+        check = kwargs.get("check_collectives", s.check_collectives)
+        if not isinstance(check, bool):
+            raise TypeError(f"check_collectives must be a bool, got {type(check).__name__} {check!r}")
         return cls(
             WatchdogConfig(
                 heartbeat=float(kwargs.get("heartbeat", w.heartbeat)),
@@ -33,7 +36,9 @@ class Options:
                 store_host=store_host,
             ),
             SyncSettings(
-                timeout=kwargs.get("sync_timeout", s.timeout), warn_after=float(kwargs.get("warn_after", s.warn_after))
+                timeout=kwargs.get("sync_timeout", s.timeout),
+                warn_after=float(kwargs.get("warn_after", s.warn_after)),
+                check_collectives=check,
             ),
         )
 

@@ -87,21 +87,26 @@ def mismatch(ctx: Context, group: Group, signature: str) -> TetherError:
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
     calls = {r: _first_line(answers[r]) if r in answers else "no answer" for r in group.members if r != me}
     calls[me] = signature
+    own, record = _mismatch(me, calls)
+    return post_and_pick(ctx, record, own)
+
+
+def _mismatch(me: int, calls: dict[int, str]) -> tuple[SyncMismatch, FailureRecord]:
+    """The error, and the record it travels as, for ranks that entered ``calls``."""
     own = SyncMismatch(calls)
-    record = FailureRecord(
+    own.record = record = FailureRecord(
         rank=me,
         kind=KIND_MISMATCH,
         exc_type="SyncMismatch",
         message=str(own),
-        where=signature,
+        where=calls[me],
         time=time.time(),
         host=socket.gethostname(),
         pid=os.getpid(),
         reporter=me,
         detail={"calls": {str(k): v for k, v in calls.items()}},
     )
-    own.record = record
-    return post_and_pick(ctx, record, own)
+    return own, record
 
 
 def left_behind(ctx: Context, client: Store, group: Group, seq: int, call: str) -> None:
@@ -123,6 +128,19 @@ def left_behind(ctx: Context, client: Store, group: Group, seq: int, call: str) 
 
 def finished_record(me: int, rank: int, how: str, call: str) -> FailureRecord:
     return lost_record(rank, f"it {how} while rank {me} waits in {call}", me, kind=KIND_FINISHED, exc_type="Finished")
+
+
+def mismatch_of(ctx: Context, group: Group, calls: dict[int, str]) -> TetherError:
+    """Every member knows every member's call (``check_collectives``): the same error on each.
+
+    The group's lowest rank posts it (for the report); the others take that record, or
+    raise their own identical error if it is slow to come.
+    """
+    assert ctx.channel is not None and ctx.watchdog is not None
+    own, record = _mismatch(ctx.channel.rank, calls)
+    if ctx.channel.rank == min(calls):
+        return ctx.watchdog.taken(post_and_pick(ctx, record, own))
+    return ctx.watchdog.taken(ctx.watchdog.wait_for_failure(ctx.settings.answer_within) or own)
 
 
 def warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: float) -> None:

@@ -1,0 +1,53 @@
+"""Mismatched collectives are an error, not corruption (issue 8, item 5): ``check_collectives=True``.
+
+Real 2-rank jobs (``jobs/mismatch_job.py``): rank 0 and rank 1 pass tensors of different
+shapes or dtypes, or numbers of different kinds. With the switch on, both ranks raise
+``SyncMismatch`` listing what each passed, and no rank crashes or returns data. The switch
+is off by default (it costs a round trip per collective: ``benchmarks/results/sync.md``);
+without it gloo may abort a rank or fill a buffer with garbage, which is why it exists.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _core import lc_events
+from _harness import python
+from tether import ExitCode, spawn
+
+BOUND = 60.0
+
+CASES = {
+    "gather_shape": ("all_gather(float32[2])", "all_gather(float32[3])"),
+    "gather_dtype": ("all_gather(float32[2])", "all_gather(int64[2])"),
+    "broadcast_shape": ("broadcast(src=0, float32[2])", "broadcast(src=0, float32[3])"),
+    "reduce_shape": ("all_reduce(SUM, float32[2])", "all_reduce(SUM, float32[3])"),
+    "reduce_kind": ("all_reduce(SUM, int64[])", "all_reduce(SUM, float64[])"),
+}
+
+
+@pytest.mark.timeout(BOUND + 30)
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_mismatched_collectives_raise_sync_mismatch_on_every_rank(kind: str) -> None:
+    res = python("mismatch_job.py", kind, "--check", bound=BOUND)
+    assert res.returncode == int(ExitCode.LAUNCH_FAILED), res.output[-3000:]
+    first, second = CASES[kind]
+    message = f"ranks entered different syncs: rank 0: {first}; rank 1: {second}"
+    caught = {e["rank"]: e for e in lc_events(res, "raised")}
+    assert sorted(caught) == [0, 1], res.output[-3000:]
+    for e in caught.values():
+        assert (e["exc"], e["msg"]) == ("SyncMismatch", message), e
+    assert lc_events(res, "got") == []  # nobody returned data
+    assert res.stderr.count(f"Root cause: rank 0 failed: SyncMismatch: {message}") == 1, res.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: " in res.stderr and "killed by" not in res.stderr  # no rank crashed
+    assert res.leftovers == []
+
+
+def work(local_rank: int) -> None:  # never runs: the option is refused before any process starts
+    raise AssertionError("spawned")
+
+
+def test_check_collectives_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"^check_collectives must be a bool, got str 'yes'$"):
+        spawn("gloo", work, (), nproc_per_node=2, check_collectives="yes")
