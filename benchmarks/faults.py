@@ -41,6 +41,8 @@ Kinds (the victim is rank N-1, except for ``raise_ofr``: rank 0):
 ==================  =============================================================
 raise_ofr           ``one_rank_first(0)``: rank 0's block raises; the others wait
 raise_allreduce     rank N-1 raises while the others sit in ``tether.all_reduce``
+raise_backward      rank N-1 raises while the others sit in ``loss.backward()`` of a DDP
+                    model from ``tether.auto_model`` (tether's communication hook)
 exit                rank N-1 calls ``os._exit(3)`` while the others all_reduce
 sigkill             rank N-1 SIGKILLs itself while the others all_reduce
 sigstop             rank N-1 SIGSTOPs itself (a freeze): a judge on the same host (the
@@ -84,7 +86,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
-KINDS = ["raise_ofr", "raise_allreduce", "exit", "sigkill", "sigstop", "stall"]
+KINDS = ["raise_ofr", "raise_allreduce", "raise_backward", "exit", "sigkill", "sigstop", "stall"]
 STALL_TIMEOUT = 1.0
 VICTIM_DELAY = 0.3  # the victim waits this long after the last barrier, so the others are waiting
 
@@ -104,6 +106,7 @@ def job(local_rank: int, kind: str, outdir: str) -> None:
     victim = 0 if kind == "raise_ofr" else n - 1
     tether.barrier()
     tether.all_reduce(1)  # every path warm
+    model = _ddp() if kind == "raise_backward" else None
     tether.barrier()
     _note(outdir, rank, "ready")
     try:
@@ -115,6 +118,8 @@ def job(local_rank: int, kind: str, outdir: str) -> None:
         elif kind == "stall":
             _note(outdir, rank, "enter")
             tether.barrier(timeout=STALL_TIMEOUT)
+        elif model is not None:
+            _step(model)  # waits in backward() for the victim's gradients
         else:
             tether.all_reduce(1)
         _note(outdir, rank, "returned")  # a survivor that was not told: a bug
@@ -135,6 +140,25 @@ def job(local_rank: int, kind: str, outdir: str) -> None:
         raise
 
 
+def _ddp() -> object:
+    """A small DDP model from ``auto_model``, two steps in: its buckets are rebuilt already."""
+    import torch
+
+    import tether
+
+    torch.manual_seed(0)
+    model = tether.auto_model(torch.nn.Linear(64, 8))
+    for _ in range(2):
+        _step(model)
+    return model
+
+
+def _step(model: object) -> None:
+    import torch
+
+    model(torch.full((4, 64), 0.1)).sum().backward()  # type: ignore[operator]
+
+
 def _fault(kind: str, outdir: str, rank: int) -> None:
     import tether
 
@@ -149,6 +173,8 @@ def _fault(kind: str, outdir: str, rank: int) -> None:
     _note(outdir, rank, "fault")
     if kind == "raise_allreduce":
         raise RuntimeError("benchmark: rank failed while the others all_reduce")
+    if kind == "raise_backward":
+        raise RuntimeError("benchmark: rank failed while the others are in backward()")
     if kind == "exit":
         os._exit(3)
     if kind == "sigkill":
