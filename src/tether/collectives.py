@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d  # torch's own: ``dist.*`` are tether's raw-call wrappers
 
 from . import _checks, groups
 from ._core.context import Context
@@ -57,7 +57,7 @@ def _agree(ctx: Context, group: Group, signature: str, timeout: float | None) ->
     mine = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(ctx.backend.comm_device())
     out = [torch.empty_like(mine) for _ in group.members]
     ctx.check()
-    work = dist.all_gather(out, mine, group=group.pg, async_op=True)
+    work = c10d.all_gather(out, mine, group=group.pg, async_op=True)
     _run(ctx, work, group, signature, timeout)
     calls = {
         r: bytes(t.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
@@ -132,7 +132,7 @@ def all_reduce(
     signature = f"all_reduce({op}, {_describe(t)})"
     _agree(ctx, members, signature, timeout)
     ctx.check()  # never send into a job that already failed: the work would outlive the rank
-    work = dist.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
+    work = c10d.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
     _run(ctx, work, members, signature, timeout)
     if isinstance(tensor, torch.Tensor):
         return _fill(tensor, t)
@@ -148,7 +148,7 @@ def _gather_tensor(
     _agree(ctx, members, signature, timeout)
     out = [torch.empty_like(t) for _ in members.members]
     ctx.check()
-    work = dist.all_gather(out, t, group=members.pg, async_op=True)
+    work = c10d.all_gather(out, t, group=members.pg, async_op=True)
     _run(ctx, work, members, signature, timeout)
     return torch.cat(out, dim=0)
 
@@ -319,7 +319,7 @@ def broadcast(
         signature = f"broadcast(src={src}, {what})"
         _agree(ctx, members, signature, timeout)
         ctx.check()
-        work = dist.broadcast(t, src=src, group=members.pg, async_op=True)
+        work = c10d.broadcast(t, src=src, group=members.pg, async_op=True)
         _run(ctx, work, members, signature, timeout)
         return t
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d  # torch's own, not the raw-call wrapper
 from torch._C._distributed_c10d import GradBucket
 from torch.nn.parallel import DistributedDataParallel
 
@@ -108,7 +109,7 @@ class _TetherHook:
             work = self._inner(state, bucket)
         else:  # DDP's own all-reduce; its future's value is a list, unpacked in settle (one hop less)
             tensor = bucket.buffer().div_(dist.get_world_size(self._group))
-            work = dist.all_reduce(tensor, group=self._group, async_op=True).get_future()
+            work = c10d.all_reduce(tensor, group=self._group, async_op=True).get_future()
         if watchdog is None:  # no failure channel (one process): nothing can fail it
             return work if self._inner is not None else work.then(_first)
         parent: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -21,7 +21,7 @@ NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", 
 def body(local_rank: int) -> None:
     seen = {name: os.environ.get(name) for name in NAMES}
     seen.update(rank=tether.get_rank(), local_rank=local_rank)
-    print("ENV " + json.dumps(seen, sort_keys=True), flush=True)
+    os.write(1, ("ENV " + json.dumps(seen, sort_keys=True) + "\n").encode())  # one write: lines never interleave
     tether.barrier()
 
 

@@ -41,6 +41,8 @@ TIMEOUT = 3.0
 def fault(rank: int, step: int) -> None:
     if rank != 1 or step != FAULT_STEP or CASE == "happy":
         return
+    if CASE in ("raise", "user_hook", "kill"):
+        time.sleep(1.0)  # the others are in this step's backward by then, waiting for rank 1's gradients
     emit("fault", rank=rank, time=time.time(), case=CASE)
     if CASE in ("raise", "user_hook"):
         raise RuntimeError("forward failed 0.1 on rank 1")
