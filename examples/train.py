@@ -12,6 +12,13 @@ Then break one rank and see every other rank stop at once, naming it::
     python examples/train.py --nproc 4 --fail-kind stall --fail-rank 3 --fail-at train --sync-timeout 10
     python examples/train.py --nproc 4 --fail-kind exit  --fail-rank 0 --fail-at checkpoint
 
+Lose no progress: with ``--resume DIR`` a survivor saves an emergency checkpoint when a
+peer fails, and a restarted job continues from it (the fault strikes the first attempt
+only)::
+
+    python -m torch.distributed.run --nproc_per_node 4 --max-restarts 2 examples/train.py \
+        --resume /tmp/tether-ckpt --fail-kind raise --fail-rank 2 --fail-at train
+
 What it shows, in order: rank 0 prepares and caches the data set while the others wait
 (``one_rank_first``), the model, optimizer and loaders adapt to the job (``auto_*``),
 the loss is averaged every step and the validation accuracy every epoch
@@ -22,6 +29,7 @@ wait for it (``one_rank_only(with_barrier=True)``). Nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -48,12 +56,15 @@ class Config:
     fail_kind: str | None
     fail_rank: int
     fail_at: str
+    resume: str | None = None  # checkpoint directory: periodic + emergency saves, resume on start
 
 
 def inject(config: Config, where: str) -> None:
     """Fail here if this rank was told to (``--fail-kind/--fail-rank/--fail-at``)."""
     if config.fail_kind is None or config.fail_at != where or tether.get_rank() != config.fail_rank:
         return
+    if config.resume is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return  # a restarted attempt: let it finish
     print(f"[rank {config.fail_rank}] injecting '{config.fail_kind}' at {where}", flush=True)
     if config.fail_kind == "raise":
         raise RuntimeError(f"injected failure at {where}")
@@ -115,21 +126,30 @@ def training(local_rank: int, config: Config) -> None:
     optimizer = tether.auto_optim(torch.optim.Adam(model.parameters(), lr=config.lr))
     loss_fn = nn.CrossEntropyLoss()
 
+    # --resume: save every 20 steps and when a peer fails; continue from the newest save
+    ckpt = (
+        tether.Checkpointer({"model": model, "optimizer": optimizer}, config.resume, every=20)
+        if config.resume
+        else None
+    )
+    resumed = ckpt.resume() if ckpt is not None else tether.Position(epoch=1)
     start = time.monotonic()
     steps = len(train_loader)
-    for epoch in range(1, config.epochs + 1):
+    for epoch in range(max(1, resumed.epoch), config.epochs + 1):
         train_loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         for step, (x, y) in enumerate(train_loader, 1):
-            if epoch == 1 and step == 5:
-                inject(config, "train")
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            # The averaged loss feeds the progress line, and it is this step's tether sync:
-            # DDP's gradient all-reduce (in backward) is a raw collective tether cannot
-            # slice, so a failure is met here, before it, on every rank.
-            mean_loss = tether.all_reduce(loss.detach().clone()) / world
-            loss.backward()
-            optimizer.step()
+            if resumed.skips(epoch, step):
+                continue  # trained before the restart
+            with ckpt.step(epoch, step) if ckpt is not None else contextlib.nullcontext():
+                if epoch == 1 and step == 5:
+                    inject(config, "train")
+                optimizer.zero_grad()
+                loss = loss_fn(model(x), y)
+                # the averaged loss feeds the progress line (a tether collective); DDP's
+                # gradient all-reduce in backward() goes through tether's hook (auto_model)
+                mean_loss = tether.all_reduce(loss.detach().clone()) / world
+                loss.backward()
+                optimizer.step()
             if rank == 0 and (step % 10 == 0 or step == steps):
                 print(f"epoch {epoch}/{config.epochs}  step {step:3d}/{steps}  loss {mean_loss.item():.4f}", flush=True)
         accuracy = evaluate(model, val_loader)
@@ -166,10 +186,21 @@ def main() -> int:
     parser.add_argument("--fail-kind", choices=["raise", "exit", "kill", "stall"], default=None)
     parser.add_argument("--fail-rank", type=int, default=0)
     parser.add_argument("--fail-at", choices=["prepare", "train", "checkpoint"], default="train")
-    parser.add_argument("--sync-timeout", type=float, default=20.0, help="seconds any sync may wait (a stall)")
+    parser.add_argument(
+        "--sync-timeout", type=float, default=20.0, help="seconds any wait may last: tether's, DDP's, raw dist calls'"
+    )
+    parser.add_argument("--resume", default=None, help="checkpoint directory: emergency saves, resume on restart")
     args = parser.parse_args()
     config = Config(
-        args.epochs, args.batch_size, args.lr, args.data_dir, args.out_dir, args.fail_kind, args.fail_rank, args.fail_at
+        args.epochs,
+        args.batch_size,
+        args.lr,
+        args.data_dir,
+        args.out_dir,
+        args.fail_kind,
+        args.fail_rank,
+        args.fail_at,
+        args.resume,
     )
     # tether's options: a rank silent 3 s is lost; a sync waiting sync_timeout s times out;
     # a rank that does not take a failure within 5 s (stuck outside tether) is ended.

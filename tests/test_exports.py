@@ -11,6 +11,7 @@ import tether as idist
 
 EXPECTED_ALL = [
     "BackendError",
+    "Checkpointer",
     "DistributedProxySampler",
     "ExitCode",
     "JobFailed",
@@ -18,6 +19,7 @@ EXPECTED_ALL = [
     "PeerFailure",
     "PeerFinished",
     "PeerLost",
+    "Position",
     "RankFormatter",
     "SyncMismatch",
     "SyncTimeout",

@@ -14,6 +14,8 @@ from .auto import auto_dataloader as auto_dataloader
 from .auto import auto_model as auto_model
 from .auto import auto_optim as auto_optim
 from .bridge import patch_ignite as patch_ignite
+from .checkpoint import Checkpointer as Checkpointer
+from .checkpoint import Position as Position
 from .collectives import all_gather as all_gather
 from .collectives import all_gather_tensors_with_shapes as all_gather_tensors_with_shapes
 from .collectives import all_reduce as all_reduce
@@ -56,6 +58,7 @@ from .syncs import one_rank_only as one_rank_only
 
 __all__ = [
     "BackendError",
+    "Checkpointer",
     "DistributedProxySampler",
     "ExitCode",
     "JobFailed",
@@ -63,6 +66,7 @@ __all__ = [
     "PeerFailure",
     "PeerFinished",
     "PeerLost",
+    "Position",
     "RankFormatter",
     "SyncMismatch",
     "SyncTimeout",

@@ -100,6 +100,15 @@ def check_nproc_per_node(nproc_per_node: object) -> int:
     return nproc_per_node
 
 
+def check_max_restarts(max_restarts: object, nnodes: int) -> int:
+    """``spawn``'s ``max_restarts``: an int >= 0; restarts need one node (its launcher decides alone)."""
+    if not _is_int(max_restarts) or max_restarts < 0:
+        raise ValueError(f"spawn: max_restarts must be an int >= 0, got {_show(max_restarts)}")
+    if max_restarts and nnodes > 1:
+        raise ValueError("spawn: max_restarts needs nnodes=1 (use torchrun --max-restarts across nodes)")
+    return max_restarts
+
+
 def check_nnodes(nnodes: object) -> int:
     """``nnodes`` (None means 1)."""
     if nnodes is None:

@@ -21,7 +21,7 @@ from ._core.runtime import current, finalize, initialize
 from .backends import check_backend
 from .spawn import spawn
 
-_INIT_KEYS = ("timeout", "heartbeat", "lost_after", "grace", "sync_timeout", "warn_after")
+_INIT_KEYS = ("timeout", "heartbeat", "lost_after", "grace", "sync_timeout", "warn_after", "check_collectives")
 
 
 class Parallel:

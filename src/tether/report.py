@@ -53,12 +53,16 @@ def cause_line(records: Sequence[FailureRecord], world_size: int | None = None) 
 
 
 def render_report(
-    records: Sequence[FailureRecord], outcomes: Mapping[int, RankOutcome] = {}, world_size: int | None = None
+    records: Sequence[FailureRecord],
+    outcomes: Mapping[int, RankOutcome] = {},
+    world_size: int | None = None,
+    notes: Sequence[str] = (),
 ) -> str:
     """The job's one root-cause report (empty when nothing failed).
 
     ``world_size``, when known, lets the report tell a failure of every rank alike (one
-    error, no culprit) from a root cause and its consequences.
+    error, no culprit) from a root cause and its consequences. ``notes`` end it (the
+    emergency checkpoint's line).
     """
     if not records:
         return ""
@@ -89,6 +93,8 @@ def render_report(
         for rank in sorted(outcomes):
             o = outcomes[rank]
             lines.append(f"  rank {rank}: {o.line or describe_exit(o.exit_code)}")
+    if notes:
+        lines += ["", *notes]
     lines.append(RULE)
     return "\n".join(lines) + "\n"
 

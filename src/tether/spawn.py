@@ -68,6 +68,7 @@ class _WorkerSpec:
     timeout: datetime.timedelta | None
     options: Options
     parent_pid: int
+    restart: int = 0  # which attempt this is (``max_restarts``), as TORCHELASTIC_RESTART_COUNT
 
 
 def spawn(
@@ -92,7 +93,12 @@ def spawn(
             such as in a notebook), "fork" or "forkserver".
         join: True (the default, and the only value: the launcher supervises its workers).
         daemon: start the workers as daemonic processes (default False, as torch's).
-        heartbeat, lost_after, grace, sync_timeout, warn_after: see ``initialize``.
+        max_restarts: after a failed attempt, start every worker again, up to this many
+            times (default 0; one node only), as ``torchrun --max-restarts``: workers read
+            the attempt in ``TORCHELASTIC_RESTART_COUNT``, and ``tether.Checkpointer``
+            resumes where the failed attempt stopped.
+        heartbeat, lost_after, grace, sync_timeout, warn_after, check_collectives: see
+            ``initialize``.
 
     Raises:
         TypeError, ValueError: bad arguments, before any process starts.
@@ -125,20 +131,29 @@ def spawn(
     daemon = kwargs.pop("daemon", False)
     if not isinstance(daemon, bool):
         raise ValueError(f"spawn: daemon must be a bool, got {daemon!r}")
+    max_restarts = _checks.check_max_restarts(kwargs.pop("max_restarts", 0), nnodes)
     options = Options.from_kwargs(kwargs, store_host=-1)
     world = nnodes * nproc
     store, addr = job_store(addr, port, world, node_rank, shared_file)
-    gen = generation(store, JOB_ID, -1 - node_rank)  # each node's launcher counts its own incarnations
-    channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
     mp: Any = multiprocessing.get_context(start_method)
-    procs: dict[int, multiprocessing.process.BaseProcess] = {}
-    for local in range(nproc):
-        topo = Topology(node_rank * nproc + local, world, local, nproc, nnodes, node_rank)
-        spec = _WorkerSpec(backend, topo, addr, store.port, timeout, options, os.getpid())
-        procs[local] = mp.Process(
-            target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}", daemon=daemon
-        )
-    _Supervisor(channel, procs, node_rank * nproc, options, node_rank == 0, nnodes).run()
+    for attempt in range(max_restarts + 1):
+        gen = generation(store, JOB_ID, -1 - node_rank)  # each node's launcher counts its own incarnations
+        channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
+        procs: dict[int, multiprocessing.process.BaseProcess] = {}
+        for local in range(nproc):
+            topo = Topology(node_rank * nproc + local, world, local, nproc, nnodes, node_rank)
+            spec = _WorkerSpec(backend, topo, addr, store.port, timeout, options, os.getpid(), attempt)
+            procs[local] = mp.Process(
+                target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}", daemon=daemon
+            )
+        try:
+            _Supervisor(channel, procs, node_rank * nproc, options, node_rank == 0, nnodes).run()
+            return
+        except JobFailed:
+            if attempt == max_restarts:
+                raise
+            sys.stderr.write(f"tether: starting every worker again (restart {attempt + 1} of {max_restarts})\n")
+            sys.stderr.flush()
 
 
 class _Supervisor:
@@ -167,6 +182,7 @@ class _Supervisor:
         self.client = channel.client()
         self.store_gone = False
         self.interrupted = False  # the launcher got SIGINT (Ctrl-C)
+        self.extended = False  # the kill deadline was extended for an emergency checkpoint
 
     def run(self) -> None:
         saved = self._forward_signals()
@@ -221,9 +237,34 @@ class _Supervisor:
                 if proc.exitcode:
                     self._arm()
                     self._post_death(self.first_rank + local, proc.exitcode)
-            if self.deadline is not None and time.monotonic() >= self.deadline:
+            if self.deadline is not None and time.monotonic() >= self.deadline and not self._saving():
                 for local in alive.values():
                     self.procs[local].kill()
+
+    def _emergency_note(self) -> list[str]:
+        """The report's line on the emergency checkpoint, if a survivor tried one."""
+        state = None
+        if not self.store_gone:
+            with contextlib.suppress(Exception):
+                state = self.channel.emergency(self.client)
+        if state is None:
+            return []
+        what = state[0]
+        if what.startswith("saved: "):
+            return [f"Emergency checkpoint: {what.removeprefix('saved: ')}"]
+        return [f"Emergency checkpoint: none ({what})"]
+
+    def _saving(self) -> bool:
+        """A survivor writes an emergency checkpoint (``tether.checkpoint``): wait out its budget, once."""
+        if self.store_gone or self.extended:
+            return False
+        with contextlib.suppress(Exception):
+            state = self.channel.emergency(self.client)
+            if state is not None and state[0] == "saving":
+                self.extended = True
+                self.deadline = time.monotonic() + state[1]
+                return True
+        return False
 
     def _judge(self, next_beat: float) -> float:
         """Children stopped for ``lost_after`` are posted lost (and killed); nodes beat and are judged."""
@@ -281,7 +322,7 @@ class _Supervisor:
             )
             for local, code in self.codes.items()
         }
-        report = render_report(records, outcomes, self.world_size) if records else ""
+        report = render_report(records, outcomes, self.world_size, self._emergency_note()) if records else ""
         if self.prints_report:
             sys.stderr.write(report or f"tether: job failed; worker exit codes {self.codes}\n")
         elif not records:  # the store is unreadable: node 0's launcher, its host, may be gone
@@ -326,6 +367,7 @@ def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw
         WORLD_SIZE=str(topo.world_size),
         LOCAL_WORLD_SIZE=str(topo.nproc_per_node),
         GROUP_RANK=str(topo.node_rank),
+        TORCHELASTIC_RESTART_COUNT=str(spec.restart),
         MASTER_ADDR=spec.master_addr,
         MASTER_PORT=str(spec.master_port),
     )

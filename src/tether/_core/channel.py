@@ -16,6 +16,8 @@ store) can release, fail or confuse a later one. ``N`` is the world size::
     P/pids/<host>           every rank (append)      judges on that host     "rank:pid," of its ranks
     P/done/<rank>           <rank> (set once)        judges, report          "left {json}" | "failed"
     P/left/ranks            every rank at finalize   waiters (after 0.5 s)   "3,1," ranks that finished
+    P/emergency/claim       survivors (first wins)   --                      rank saving the emergency checkpoint
+    P/emergency/state       that rank                its launcher, report    {"state": "saving", "budget": 30}
     P/lost/<rank>           judges (add 1)           judges                  first claim posts the loss
     P/node/<node>           that node's beater       other nodes' judges     heartbeat counter
     P/q/n                   askers (add 1)           askers                  whereabouts query ids
@@ -267,6 +269,23 @@ class Channel:
         self.mark_done("left " + json.dumps({"how": how, "seqs": dict(seqs or {})}, separators=(",", ":")))
         self._store.append(self.key("left", "ranks"), f"{self.rank},")  # type: ignore[attr-defined]
         return int(self._store.add(self.key("left", "n"), 1))
+
+    def claim_emergency(self, rank: int) -> bool:
+        """Claim the emergency checkpoint (``tether.checkpoint``); True for the first claimer only."""
+        key = self.key("emergency", "claim")
+        return self._store.compare_set(key, "", str(rank)).decode() == str(rank)
+
+    def announce_emergency(self, state: str, budget: float) -> None:
+        """Say how the emergency save goes: "saving" (for ``budget`` seconds), "saved: ...", "failed: ..."."""
+        self._store.set(self.key("emergency", "state"), json.dumps({"state": state, "budget": budget}))
+
+    def emergency(self, client: Store | None = None) -> tuple[str, float] | None:
+        """The emergency save's state and budget, if one was claimed."""
+        store, key = client or self._store, self.key("emergency", "state")
+        if not store.check([key]):
+            return None
+        data = json.loads(store.get(key).decode())
+        return str(data["state"]), float(data["budget"])
 
     def finished(self, client: Store | None = None) -> dict[int, tuple[str, dict[str, int]]]:
         """The ranks that finished cleanly: rank -> (how, last sync number per group)."""

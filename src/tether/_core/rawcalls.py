@@ -30,6 +30,7 @@ torch.distributed import all_reduce`` before tether started is not covered.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,7 @@ WRAPPED = (
 )
 
 _originals: dict[str, Callable[..., Any]] = {}
+_MAIN = threading.main_thread()
 
 
 def install() -> None:
@@ -91,12 +93,12 @@ def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     that a peer's timeout verdict counts this rank as arrived). A backend error becomes
     the failure behind it (``failure_behind_raw``), a launcher's SIGTERM the peer's
     failure behind it (``failure_behind_stop``); anything else passes unchanged. Inside
-    a tether call, or without a context, ``fn`` just runs.
+    a tether call, off the main thread, or without a context, ``fn`` just runs.
     """
     ctx = context.peek()
     watchdog = ctx.watchdog if ctx is not None else None
-    if ctx is None or watchdog is None or watchdog.current_call:
-        return fn(*args, **kwargs)
+    if ctx is None or watchdog is None or watchdog.current_call or threading.current_thread() is not _MAIN:
+        return fn(*args, **kwargs)  # the whereabouts and the wait the watchdog knows are the main thread's
     watchdog.current_call = call
     start = time.monotonic()
     world = Group("w", tuple(range(watchdog.channel.world_size)), None)

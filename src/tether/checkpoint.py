@@ -1,0 +1,364 @@
+"""A failure costs no progress: periodic checkpoints, an emergency one from a survivor, exact resume.
+
+In data-parallel training every rank holds a full replica of the model and optimizer,
+and tether knows the moment a peer fails, at a point where a survivor's replica is
+consistent (DDP: ``backward()`` raised, so ``optimizer.step()`` has not run). One
+survivor can therefore save the last completed step before it exits, and the restarted
+job (torchrun ``--max-restarts``) continues from it::
+
+    ckpt = tether.Checkpointer({"model": model, "optimizer": optimizer}, "ckpts", every=100)
+    start = ckpt.resume()                      # Position(epoch=0, iteration=0) on a fresh start
+    for epoch in range(start.epoch, epochs):
+        sampler.set_epoch(epoch)
+        for i, batch in enumerate(loader):
+            if start.skips(epoch, i):          # trained before the restart: not again
+                continue
+            with ckpt.step(epoch, i):
+                loss = model(batch).mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+**The step.** ``ckpt.step(epoch, i)`` brackets one optimizer step. Before it, the
+Checkpointer seeds torch, Python's ``random`` and NumPy (when imported) from ``(seed,
+step, rank)``: any rank's random state at any step is a function of the position, so a
+resumed run draws what the uninterrupted one drew, although no survivor can save the
+random state of a rank that died. After it, every ``every`` steps, rank 0 saves a
+periodic checkpoint: the state is copied in memory on the main thread, then written by a
+background thread (the step goes on).
+
+**The emergency checkpoint.** When ``PeerFailure``, ``PeerLost``, ``SyncTimeout`` or
+``SyncMismatch`` leaves the step, the replica is consistent if the optimizer's step had
+not begun (the state is the last completed step's) or had finished (it is this step's);
+the Checkpointer knows which from hooks on the optimizer. A consistent survivor claims
+the emergency save on the job's store (the first claim wins: replicas are identical),
+writes it with SIGTERM held back (torchrun SIGTERMs survivors 0.1 s after a worker
+died; it SIGKILLs 30 s later, tether's launcher waits ``emergency_budget``), prints one
+line saying which step it saved and where, and the exception goes on. A survivor whose
+failure came in the middle of ``optimizer.step()`` writes nothing, and says why.
+
+**On disk.** A checkpoint is a directory ``step-<N>`` holding ``state.pt`` (the objects'
+state dicts and the position, ``torch.save``) and ``manifest.json`` (format version,
+step, epoch, iteration, world size, the SHA-256 of ``state.pt``, and whether it was an
+emergency save). It is written as ``.tmp-step-<N>-<pid>``, flushed, and renamed: a
+process killed mid-save leaves a ``.tmp-`` directory that ``resume`` never takes.
+``resume`` refuses, with a warning naming why, a directory whose manifest is missing,
+unreadable, of another format or world size, or whose checksum does not match, and
+falls back to the next newest. Nothing is ever deleted unless ``keep=`` asks to rotate.
+
+Why not ``torch.distributed.checkpoint``: its save is a collective over the process
+group, and an emergency save runs when a peer of that group is gone. For DDP's
+replicated state one rank's ``torch.save`` holds everything; sharded state (FSDP
+without replicas) has no survivor that can vouch for the lost shard, and is not
+supported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import threading
+import zlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import collectives
+from ._core.runtime import current
+from .errors import PeerFailure, SyncMismatch, SyncTimeout, TetherError
+
+log = logging.getLogger("tether")
+
+__all__ = ["Checkpointer", "Position"]
+
+FORMAT = 1
+_NAME = re.compile(r"^step-(\d+)$")
+# what a survivor of these may vouch for (its own exceptions are not a peer's failure)
+_PEER_FAILURES = (PeerFailure, SyncTimeout, SyncMismatch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where training stands: ``step`` optimizer steps done; the next is ``(epoch, iteration)``."""
+
+    epoch: int = 0
+    iteration: int = 0
+    step: int = 0
+
+    def skips(self, epoch: int, iteration: int) -> bool:
+        """True for a step trained before this position (skip it when resuming)."""
+        return (epoch, iteration) < (self.epoch, self.iteration)
+
+
+class Checkpointer:
+    """Periodic and emergency checkpoints of replicated training state, and exact resume.
+
+    Args:
+        objects: name -> object with ``state_dict()``/``load_state_dict()`` (model,
+            optimizer, scheduler, a sampler that has them).
+        dirname: the checkpoint directory (created on rank 0).
+        every: save a periodic checkpoint every ``every`` steps (None: emergency only).
+        keep: keep the newest ``keep`` checkpoints and delete older ones (None: keep all).
+        seed: the base of each step's seed (see the module docstring).
+        emergency: write an emergency checkpoint when a peer fails (default True).
+        emergency_budget: seconds tether's launcher lets the emergency save take.
+
+    Raises:
+        TypeError, ValueError: bad arguments, on every rank alike, before any communication.
+    """
+
+    def __init__(
+        self,
+        objects: Mapping[str, Any],
+        dirname: str | os.PathLike[str],
+        every: int | None = None,
+        keep: int | None = None,
+        seed: int = 0,
+        emergency: bool = True,
+        emergency_budget: float = 30.0,
+    ) -> None:
+        if not isinstance(objects, Mapping) or not objects:
+            raise TypeError("Checkpointer: objects must be a non-empty mapping of name -> object")
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"Checkpointer: {name!r} has no state_dict()/load_state_dict()")
+        for what, value in (("every", every), ("keep", keep)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"Checkpointer: {what} must be a positive int or None, got {value!r}")
+        self.objects = dict(objects)
+        self.dirname = Path(dirname)
+        self.every = every
+        self.keep = keep
+        self.seed = seed
+        self.emergency = emergency
+        self.emergency_budget = float(emergency_budget)
+        self.position = Position()  # the next step to run, and how many are done
+        self._optimizers = [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
+        self._in_optimizer_step = False
+        self._stepped = False  # the optimizer's step finished within the current step
+        self._writer: threading.Thread | None = None
+        for opt in self._optimizers:
+            opt.register_step_pre_hook(self._before_optimizer_step)
+            opt.register_step_post_hook(self._after_optimizer_step)
+
+    # --- the training loop's side ---------------------------------------------------------
+
+    def resume(self) -> Position:
+        """Load the newest complete checkpoint on every rank; returns where to start.
+
+        Every rank checks the directory itself; one all-gather then makes sure all of them
+        chose the same step (else ``RuntimeError`` on every rank). A fresh start returns
+        ``Position()``.
+        """
+        ctx = current()
+        world = ctx.backend.topology.world_size
+        found = self._newest(world)
+        steps = collectives.all_gather(found[0] if found else -1)
+        chosen = steps if isinstance(steps, list) else [steps]
+        if len(set(chosen)) != 1:
+            raise RuntimeError(f"Checkpointer: ranks found different checkpoints in {self.dirname}: steps {chosen}")
+        if found is None:
+            return self.position
+        step, path, manifest = found
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        for name, obj in self.objects.items():
+            obj.load_state_dict(state["objects"][name])
+        self.position = Position(int(manifest["epoch"]), int(manifest["iteration"]), int(manifest["step"]))
+        kind = "emergency" if manifest.get("emergency") else "periodic"
+        log.warning("tether: resumed from the %s checkpoint of step %d (%s)", kind, step, path)
+        return self.position
+
+    @contextlib.contextmanager
+    def step(self, epoch: int, iteration: int) -> Iterator[None]:
+        """One optimizer step at ``(epoch, iteration)``; see the module docstring."""
+        rank = current().backend.topology.rank
+        self._seed(self.position.step, rank)
+        self._stepped = False
+        try:
+            yield
+        except _PEER_FAILURES as exc:
+            if self.emergency:
+                held = _hold_sigterm()  # at once: torchrun's SIGTERM comes 0.1 s after a worker died
+                try:
+                    self._emergency(exc, epoch, iteration)
+                finally:
+                    _release_sigterm(held)
+            raise
+        done = self.position.step + 1
+        self.position = _next(epoch, iteration, done)
+        if self.every is not None and done % self.every == 0 and rank == 0:
+            self._save_async(self.position, emergency=False)
+
+    def wait(self) -> None:
+        """Wait for a periodic save still being written (the next save waits too)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    # --- saving ---------------------------------------------------------------------------
+
+    def _before_optimizer_step(self, *_: Any) -> None:
+        self._in_optimizer_step = True
+
+    def _after_optimizer_step(self, *_: Any) -> None:
+        self._in_optimizer_step = False
+        self._stepped = True
+
+    def _emergency(self, exc: TetherError, epoch: int, iteration: int) -> None:
+        ctx = current()
+        rank = ctx.backend.topology.rank
+        if self._in_optimizer_step:
+            sys.stderr.write(
+                f"tether: rank {rank} saved no emergency checkpoint: the failure came in the middle of "
+                "optimizer.step(), so its replica is neither the last step's nor this one's\n"
+            )
+            return
+        position = _next(epoch, iteration, self.position.step + 1) if self._stepped else self.position
+        if ctx.channel is None or not ctx.channel.claim_emergency(rank):
+            return  # another survivor saves it: replicas are identical
+        self.wait()
+        try:
+            ctx.channel.announce_emergency("saving", self.emergency_budget)
+            world = ctx.backend.topology.world_size
+            path = self._write(self._snapshot(position), position, world, emergency=True)
+            line = f"rank {rank} saved an emergency checkpoint of step {position.step} to {path}"
+            ctx.channel.announce_emergency(f"saved: {line}", 0.0)
+            sys.stderr.write(f"tether: {line} ({type(exc).__name__} stopped training)\n")
+        except Exception as err:
+            ctx.channel.announce_emergency(f"failed: {err}", 0.0)
+            sys.stderr.write(f"tether: rank {rank} could not save an emergency checkpoint: {err}\n")
+
+    def _snapshot(self, position: Position) -> dict[str, Any]:
+        objects = {name: copy.deepcopy(obj.state_dict()) for name, obj in self.objects.items()}
+        return {"objects": objects, "position": dataclasses.asdict(position)}
+
+    def _save_async(self, position: Position, emergency: bool) -> None:
+        self.wait()
+        state = self._snapshot(position)  # on this thread: the state of this very step
+        world = current().backend.topology.world_size
+        self._writer = threading.Thread(
+            target=self._write, args=(state, position, world, emergency), name="tether-checkpoint", daemon=True
+        )
+        self._writer.start()
+
+    def _write(self, state: dict[str, Any], position: Position, world: int, emergency: bool) -> Path:
+        final = self.dirname / f"step-{position.step:08d}"
+        tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        with open(tmp / "state.pt", "wb") as fp:
+            torch.save(state, fp)
+            fp.flush()
+            os.fsync(fp.fileno())
+        manifest = {
+            "format": FORMAT,
+            "step": position.step,
+            "epoch": position.epoch,
+            "iteration": position.iteration,
+            "world_size": world,
+            "sha256": _digest(tmp / "state.pt"),
+            "emergency": emergency,
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if final.exists():  # the same step saved before (a periodic save, then an emergency one)
+            shutil.rmtree(tmp)
+            return final
+        os.rename(tmp, final)
+        _fsync_dir(self.dirname)
+        self._rotate()
+        return final
+
+    def _rotate(self) -> None:
+        if self.keep is None:
+            return
+        steps = sorted(int(m.group(1)) for p in self.dirname.iterdir() if (m := _NAME.match(p.name)))
+        for step in steps[: -self.keep]:
+            shutil.rmtree(self.dirname / f"step-{step:08d}", ignore_errors=True)
+
+    # --- finding ----------------------------------------------------------------------------
+
+    def _newest(self, world: int) -> tuple[int, Path, dict[str, Any]] | None:
+        """The newest checkpoint that passes every check; the others are refused with a warning."""
+        if not self.dirname.is_dir():
+            return None
+        candidates = sorted(
+            ((int(m.group(1)), p) for p in self.dirname.iterdir() if (m := _NAME.match(p.name))), reverse=True
+        )
+        for step, path in candidates:
+            why, manifest = _check(path, world)
+            if why is None:
+                return step, path, manifest
+            log.warning("tether: checkpoint %s refused: %s", path, why)
+        return None
+
+    # --- randomness -------------------------------------------------------------------------
+
+    def _seed(self, step: int, rank: int) -> None:
+        value = zlib.crc32(f"{self.seed}/{step}/{rank}".encode())
+        torch.manual_seed(value)
+        random.seed(value)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed(value)
+
+
+def _next(epoch: int, iteration: int, done: int) -> Position:
+    return Position(epoch, iteration + 1, done)
+
+
+def _check(path: Path, world: int) -> tuple[str | None, dict[str, Any]]:
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"no readable manifest ({type(exc).__name__})", {}
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return f"format {manifest.get('format') if isinstance(manifest, dict) else '?'}, not {FORMAT}", {}
+    if manifest.get("world_size") != world:
+        return f"saved by a job of {manifest.get('world_size')} ranks, this one has {world}", manifest
+    try:
+        digest = _digest(path / "state.pt")
+    except OSError as exc:
+        return f"no state.pt ({type(exc).__name__})", manifest
+    if digest != manifest.get("sha256"):
+        return "state.pt does not match the manifest's checksum", manifest
+    return None, manifest
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fp:
+        for block in iter(lambda: fp.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _hold_sigterm() -> bool:
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    return True
+
+
+def _release_sigterm(held: bool) -> None:
+    if held:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

@@ -1,0 +1,183 @@
+"""A failure costs no progress (issue 12): emergency checkpoint, torchrun restart, exact resume.
+
+The job (``jobs/resume_job.py``) trains a small DDP model (with dropout: the per-step seed
+matters) for 2 epochs of shuffled data under ``torchrun --max-restarts 1``. An
+uninterrupted run is the reference; an interrupted one (a raise on one rank at step K,
+first attempt only) must end with bitwise-identical weights, every step trained exactly
+once, on the same samples. The directory checks run in this process (one rank).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tether
+from _harness import JOBS, Result, free_port, run
+
+BOUND = 180.0
+
+
+def torchrun(out: Path, *args: str, restarts: int = 1) -> Result:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--max-restarts",
+        str(restarts),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "--monitor_interval",
+        "0.1",
+        str(JOBS / "resume_job.py"),
+        str(out),
+        *args,
+    ]
+    return run(cmd, BOUND, env={"OMP_NUM_THREADS": "1"})
+
+
+def trained(out: Path) -> dict[tuple[int, int, int], tuple[int, list[int]]]:
+    """(rank, epoch, iteration) -> (step, sample indices); a step trained twice fails here."""
+    seen: dict[tuple[int, int, int], tuple[int, list[int]]] = {}
+    for rank in (0, 1):
+        for line in Path(out, f"trained.{rank}").read_text().splitlines():
+            d = json.loads(line)
+            key = (rank, d["epoch"], d["it"])
+            assert key not in seen, f"rank {rank} trained epoch {d['epoch']} iteration {d['it']} twice"
+            seen[key] = (d["step"], d["idx"])
+    return seen
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(Path(out, "final.pt"))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("reference")
+    res = torchrun(out, restarts=0)
+    assert res.returncode == 0, res.output[-3000:]
+    return out
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
+@pytest.mark.parametrize(("fail_rank", "fail_step"), [(1, 5), (0, 11)])
+def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterrupted_run(
+    reference: Path, tmp_path: Path, fail_rank: int, fail_step: int
+) -> None:
+    res = torchrun(tmp_path, "--fail-step", str(fail_step), "--fail-rank", str(fail_rank))
+    out = res.output
+    assert res.returncode == 0, out[-4000:]
+    survivor = 1 - fail_rank
+    saved = f"rank {survivor} saved an emergency checkpoint of step {fail_step} to "
+    assert out.count(saved) == 1, out[-4000:]
+    assert f"resumed from the emergency checkpoint of step {fail_step}" in out, out[-4000:]
+    assert res.leftovers == []
+    # every step trained exactly once, on the reference's samples, and the same weights, bit for bit
+    assert trained(tmp_path) == trained(reference)
+    ref, got = weights(reference), weights(tmp_path)
+    assert ref.keys() == got.keys()
+    for name in ref:
+        assert torch.equal(ref[name], got[name]), name
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
+def test_spawn_max_restarts_resumes_from_the_emergency_checkpoint_exactly(reference: Path, tmp_path: Path) -> None:
+    res = run(
+        [sys.executable, str(JOBS / "resume_job.py"), str(tmp_path), "--spawn", "--fail-step", "7"],
+        BOUND,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    out = res.output
+    assert res.returncode == 0, out[-4000:]
+    assert out.count("tether: starting every worker again (restart 1 of 1)") == 1, out[-4000:]
+    assert "Emergency checkpoint: rank 0 saved an emergency checkpoint of step 7 to " in out, out[-4000:]
+    assert res.leftovers == []
+    assert trained(tmp_path) == trained(reference)
+    ref, got = weights(reference), weights(tmp_path)
+    assert all(torch.equal(ref[name], got[name]) for name in ref)
+
+
+# --- the directory, in this process (a job of one) ------------------------------------------
+
+
+def make(dirname: Path, steps: int, every: int) -> tether.Checkpointer:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ckpt = tether.Checkpointer({"model": model}, dirname, every=every)
+    for i in range(steps):
+        with ckpt.step(0, i), torch.no_grad():
+            model.weight.add_(0.1)
+    ckpt.wait()
+    return ckpt
+
+
+def test_resume_refuses_partial_corrupt_and_foreign_checkpoints_and_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make(tmp_path, 8, every=2)  # step-2, -4, -6, -8
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step-0000000{n}" for n in (2, 4, 6, 8)]
+    (tmp_path / "step-00000008" / "manifest.json").unlink()  # killed between the two files
+    manifest = json.loads((tmp_path / "step-00000006" / "manifest.json").read_text())
+    (tmp_path / "step-00000006" / "manifest.json").write_text(json.dumps({**manifest, "world_size": 3}))
+    with open(tmp_path / "step-00000004" / "state.pt", "ab") as fp:
+        fp.write(b"x")  # a bad checksum
+    (tmp_path / ".tmp-step-00000010-123").mkdir()  # a save killed mid-write
+    before = sorted(p.name for p in tmp_path.iterdir())
+    model = torch.nn.Linear(4, 1)
+    with caplog.at_level(logging.WARNING, logger="tether"):
+        start = tether.Checkpointer({"model": model}, tmp_path).resume()
+    assert start == tether.Position(epoch=0, iteration=2, step=2)
+    torch.manual_seed(0)
+    assert torch.allclose(model.weight, torch.nn.Linear(4, 1).weight + 0.2)  # step 2's weights
+    text = caplog.text
+    assert "step-00000008 refused: no readable manifest" in text
+    assert "step-00000006 refused: saved by a job of 3 ranks, this one has 1" in text
+    assert "step-00000004 refused: state.pt does not match the manifest's checksum" in text
+    assert "resumed from the periodic checkpoint of step 2" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing deleted
+
+
+def test_a_resumed_checkpoint_restores_the_objects_state(tmp_path: Path) -> None:
+    make(tmp_path, 3, every=3)
+    torch.manual_seed(0)
+    expected = torch.nn.Linear(4, 1).weight.detach() + 0.3
+    model = torch.nn.Linear(4, 1)
+    start = tether.Checkpointer({"model": model}, tmp_path).resume()
+    assert start.step == 3 and start.skips(0, 2) and not start.skips(0, 3)
+    assert torch.allclose(model.weight, expected)
+
+
+def test_keep_rotates_only_when_asked(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ckpt = tether.Checkpointer({"model": model}, tmp_path, every=1, keep=2)
+    for i in range(4):
+        with ckpt.step(0, i):
+            pass
+        ckpt.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003", "step-00000004"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "kind", "match"),
+    [
+        ({"objects": {}}, TypeError, "non-empty mapping"),
+        ({"objects": {"x": 1}}, TypeError, "'x' has no state_dict"),
+        ({"every": 0}, ValueError, "every must be a positive int"),
+        ({"keep": -1}, ValueError, "keep must be a positive int"),
+    ],
+)
+def test_checkpointer_rejects_bad_arguments(tmp_path: Path, kwargs: dict[str, object], kind: type, match: str) -> None:
+    args: dict[str, object] = {"objects": {"m": torch.nn.Linear(1, 1)}, "dirname": tmp_path, **kwargs}
+    with pytest.raises(kind, match=match):
+        tether.Checkpointer(**args)  # type: ignore[arg-type]
