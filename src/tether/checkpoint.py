@@ -32,8 +32,8 @@ background thread (the step goes on).
 not begun (the state is the last completed step's) or had finished (it is this step's);
 the Checkpointer knows which from hooks on the optimizer. A consistent survivor claims
 the emergency save on the job's store (the first claim wins: replicas are identical),
-writes it with SIGTERM held back (torchrun SIGTERMs survivors 0.1 s after a worker
-died; it SIGKILLs 30 s later, tether's launcher waits ``emergency_budget``), prints one
+writes it with SIGTERM deferred (torchrun SIGTERMs survivors 0.1 s after a worker died
+and SIGKILLs them 30 s later; tether's launcher waits ``emergency_budget``), prints one
 line saying which step it saved and where, and the exception goes on. A survivor whose
 failure came in the middle of ``optimizer.step()`` writes nothing, and says why.
 
@@ -190,11 +190,11 @@ class Checkpointer:
             yield
         except _PEER_FAILURES as exc:
             if self.emergency:
-                held = _hold_sigterm()  # at once: torchrun's SIGTERM comes 0.1 s after a worker died
+                held = _Held().hold()  # at once: torchrun's SIGTERM comes 0.1 s after a worker died
                 try:
                     self._emergency(exc, epoch, iteration)
                 finally:
-                    _release_sigterm(held)
+                    held.release()
             raise
         done = self.position.step + 1
         self.position = _next(epoch, iteration, done)
@@ -249,18 +249,25 @@ class Checkpointer:
         state = self._snapshot(position)  # on this thread: the state of this very step
         world = current().backend.topology.world_size
         self._writer = threading.Thread(
-            target=self._write, args=(state, position, world, emergency), name="tether-checkpoint", daemon=True
+            target=self._write_behind, args=(state, position, world, emergency), name="tether-checkpoint", daemon=True
         )
         self._writer.start()
+
+    def _write_behind(self, state: dict[str, Any], position: Position, world: int, emergency: bool) -> None:
+        """The periodic save's thread: it yields the CPU to training (Linux: a thread has its own nice)."""
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            self._write(state, position, world, emergency)
+        except Exception as exc:  # a full disk must not kill training: the next save tries again
+            log.warning("tether: the periodic checkpoint of step %d failed: %s", position.step, exc)
 
     def _write(self, state: dict[str, Any], position: Position, world: int, emergency: bool) -> Path:
         final = self.dirname / f"step-{position.step:08d}"
         tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}"
         tmp.mkdir(parents=True, exist_ok=True)
-        with open(tmp / "state.pt", "wb") as fp:
-            torch.save(state, fp)
-            fp.flush()
-            os.fsync(fp.fileno())
+        torch.save(state, str(tmp / "state.pt"))  # torch's own writer: no Python callback per block
+        _fsync(tmp / "state.pt")
         manifest = {
             "format": FORMAT,
             "step": position.step,
@@ -343,6 +350,14 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -352,13 +367,29 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def _hold_sigterm() -> bool:
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    return True
+class _Held:
+    """SIGTERM deferred while an emergency checkpoint is written, then delivered.
 
+    Blocking the signal in the main thread is not enough (the kernel hands it to another
+    thread, and Python runs the handler in the main thread anyway, inside the writer):
+    the handler itself is swapped for one that only notes the signal.
+    """
 
-def _release_sigterm(held: bool) -> None:
-    if held:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    def __init__(self) -> None:
+        self.previous: Any = None
+        self.arrived = False
+
+    def hold(self) -> _Held:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._note)
+        return self
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.arrived = True
+
+    def release(self) -> None:
+        """Put the handler back. A SIGTERM that came meanwhile is not sent again: it asked
+        this rank to stop, and the peer's failure that goes on from here does stop it (a
+        launcher that still wants it gone SIGKILLs it, as torchrun does after 30 s)."""
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
