@@ -91,6 +91,44 @@ def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterr
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
+def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: Path, tmp_path: Path) -> None:
+    # rank 0 dies after state.pt of step 8 is written, before its manifest: rank 1 saves step 8
+    res = torchrun(tmp_path, "--every", "4", "--fail-step", "8", "--fail-rank", "9", "--kill-in-save", "periodic")
+    out = res.output
+    assert res.returncode == 0, out[-4000:]
+    assert out.count("rank 1 saved an emergency checkpoint of step 8 to ") == 1, out[-4000:]
+    assert list((tmp_path / "ckpt").glob(".tmp-step-00000008-*")), "the killed save left its partial directory"
+    assert "resumed from the emergency checkpoint of step 8" in out, out[-4000:]
+    assert trained(tmp_path) == trained(reference)
+    ref, got = weights(reference), weights(tmp_path)
+    assert all(torch.equal(ref[name], got[name]) for name in ref)
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
+def test_the_emergency_saver_killed_mid_save_falls_back_to_the_last_periodic_save(
+    reference: Path, tmp_path: Path
+) -> None:
+    # rank 1 raises at step 10; rank 0, saving the emergency checkpoint, is killed mid-write
+    res = torchrun(tmp_path, "--every", "4", "--fail-step", "10", "--fail-rank", "1", "--kill-in-save", "emergency")
+    out = res.output
+    assert res.returncode == 0, out[-4000:]
+    assert "saved an emergency checkpoint" not in out, out[-4000:]
+    assert "resumed from the periodic checkpoint of step 8" in out, out[-4000:]
+    # steps 8 and 9 ran twice (<= every), each time on the same samples; the weights are still exact
+    seen: dict[tuple[int, int, int], list[int]] = {}
+    for rank in (0, 1):
+        for line in Path(tmp_path, f"trained.{rank}").read_text().splitlines():
+            d = json.loads(line)
+            seen.setdefault((rank, d["epoch"], d["it"]), []).append(d["attempt"])
+    twice = sorted(k for k, attempts in seen.items() if len(attempts) == 2)
+    assert [(e, i) for r, e, i in twice if r == 0] == [(1, 0), (1, 1)], twice
+    ref, got = weights(reference), weights(tmp_path)
+    assert all(torch.equal(ref[name], got[name]) for name in ref)
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
 def test_spawn_max_restarts_resumes_from_the_emergency_checkpoint_exactly(reference: Path, tmp_path: Path) -> None:
     res = run(
         [sys.executable, str(JOBS / "resume_job.py"), str(tmp_path), "--spawn", "--fail-step", "7"],

@@ -15,6 +15,8 @@ weights to ``OUT/final.pt``.
 import argparse
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 
 import torch
@@ -28,10 +30,34 @@ parser.add_argument("--fail-step", type=int, default=-1)
 parser.add_argument("--fail-rank", type=int, default=1)
 parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--spawn", action="store_true")
+parser.add_argument("--kill-in-save", choices=["periodic", "emergency"], default=None)
+
+
+def kill_in_save(kind: str, step: int) -> None:
+    """Fault injection: SIGKILL rank 0 in the middle of writing a checkpoint (first attempt only).
+
+    Wraps the Checkpointer's writer: ``state.pt`` is written, the manifest not yet.
+    """
+    from tether import checkpoint
+
+    original = checkpoint.torch.save
+
+    def save(obj: object, f: object, *a: object, **kw: object) -> None:
+        original(obj, f, *a, **kw)  # type: ignore[arg-type]
+        position = obj.get("position") if isinstance(obj, dict) else None
+        if position is None or tether.get_rank() != 0:
+            return  # not a checkpoint (the final weights), or not the rank to kill
+        periodic = threading.current_thread().name == "tether-checkpoint"
+        if (kind == "periodic" and periodic and position["step"] == step) or (kind == "emergency" and not periodic):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint.torch.save = save  # type: ignore[assignment]
 
 
 def train(local_rank: int, args: argparse.Namespace) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if args.kill_in_save and attempt == 0:
+        kill_in_save(args.kill_in_save, args.fail_step)
     rank, world = tether.get_rank(), tether.get_world_size()
     gen = torch.Generator().manual_seed(1234)
     x = torch.randn(64, 8, generator=gen)
