@@ -185,6 +185,14 @@ def test_resume_refuses_partial_corrupt_and_foreign_checkpoints_and_falls_back(
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing deleted
 
 
+def test_checkpoints_of_another_world_size_only_are_a_clear_error(tmp_path: Path) -> None:
+    make(tmp_path, 2, every=2)
+    manifest = json.loads((tmp_path / "step-00000002" / "manifest.json").read_text())
+    (tmp_path / "step-00000002" / "manifest.json").write_text(json.dumps({**manifest, "world_size": 4}))
+    with pytest.raises(ValueError, match=r"saved by a job of another size \(step-00000002: 4 ranks\); this one has 1"):
+        tether.Checkpointer({"model": torch.nn.Linear(4, 1)}, tmp_path).resume()
+
+
 def test_a_resumed_checkpoint_restores_the_objects_state(tmp_path: Path) -> None:
     make(tmp_path, 3, every=3)
     torch.manual_seed(0)

@@ -117,6 +117,8 @@ class Checkpointer:
 
     Raises:
         TypeError, ValueError: bad arguments, on every rank alike, before any communication.
+        ValueError (from ``resume``): every checkpoint there comes from a job of another
+            world size (no re-shard: the state saved is one replica's).
     """
 
     def __init__(
@@ -149,6 +151,7 @@ class Checkpointer:
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
         self._writer: threading.Thread | None = None
+        self._foreign: list[str] = []
         for opt in self._optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
             opt.register_step_post_hook(self._after_optimizer_step)
@@ -165,6 +168,12 @@ class Checkpointer:
         ctx = current()
         world = ctx.backend.topology.world_size
         found = self._newest(world)
+        if found is None and self._foreign:  # the same directory on every rank: raised alike
+            raise ValueError(
+                f"Checkpointer: every checkpoint in {self.dirname} was saved by a job of another size "
+                f"({', '.join(self._foreign)}); this one has {world} ranks. Restart with that many ranks, "
+                "or point dirname elsewhere (no re-shard: the saved state is one replica's)"
+            )
         steps = collectives.all_gather(found[0] if found else -1)
         chosen = steps if isinstance(steps, list) else [steps]
         if len(set(chosen)) != 1:
@@ -297,6 +306,7 @@ class Checkpointer:
 
     def _newest(self, world: int) -> tuple[int, Path, dict[str, Any]] | None:
         """The newest checkpoint that passes every check; the others are refused with a warning."""
+        self._foreign = []  # "step-8: 4 ranks", for resume's error
         if not self.dirname.is_dir():
             return None
         candidates = sorted(
@@ -307,6 +317,8 @@ class Checkpointer:
             if why is None:
                 return step, path, manifest
             log.warning("tether: checkpoint %s refused: %s", path, why)
+            if manifest.get("world_size") not in (None, world):
+                self._foreign.append(f"{path.name}: {manifest['world_size']} ranks")
         return None
 
     # --- randomness -------------------------------------------------------------------------
