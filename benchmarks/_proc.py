@@ -33,6 +33,28 @@ class Finished:
     leftovers: list[int]  # processes of the session still alive after ``settle`` (then killed)
 
 
+def torchrun(n: int, script: str | Path, *script_args: str, launcher: tuple[str, ...] = ()) -> list[str]:
+    """``python -m torch.distributed.run`` of ``script`` on ``n`` local ranks, on loopback.
+
+    ``launcher`` adds torchrun options of its own (``--max-restarts 1``,
+    ``--monitor_interval 0.1``); everything else is torchrun's default.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(n),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        *launcher,
+        str(Path(script).resolve()),
+        *script_args,
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -216,19 +216,7 @@ def torchrun_args(n: int, *script_args: str) -> list[str]:
     """torchrun on loopback, its defaults otherwise (monitor interval 0.1 s), running this file."""
     import _proc
 
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(n),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_proc.free_port()),
-        str(Path(__file__).resolve()),
-        *script_args,
-    ]
+    return _proc.torchrun(n, __file__, *script_args)
 
 
 # --- idle cost ----------------------------------------------------------------------------------

@@ -129,28 +129,17 @@ def job(world: int, steps: int, fail_at: int, mode: str, big: bool, restarts: in
     import _proc
 
     with tempfile.TemporaryDirectory(prefix="tether-resume-bench-") as out:
-        args = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(world),
-            "--max-restarts",
-            str(restarts),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(_proc.free_port()),
-            "--monitor_interval",
-            "0.1",
-            str(Path(__file__).resolve()),
+        args = _proc.torchrun(
+            world,
+            __file__,
             "--worker",
             out,
             str(steps),
             str(fail_at),
             mode,
             "1" if big else "0",
-        ]
+            launcher=("--max-restarts", str(restarts), "--monitor_interval", "0.1"),
+        )
         done = _proc.run(args, 600.0, env={"OMP_NUM_THREADS": "1"})
         if done.returncode != 0:
             raise RuntimeError(f"job {mode} at {world} ranks ended with {done.returncode}:\n{done.stderr[-3000:]}")

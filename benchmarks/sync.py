@@ -220,24 +220,15 @@ def _stats(xs: list[float]) -> tuple[float, float]:
 def run_world(n: int, rounds: int, quick: bool, bound: float) -> dict[str, object]:
     import _proc
 
-    args = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(n),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_proc.free_port()),
-        "--monitor_interval",
-        "0.1",
-        str(Path(__file__).resolve()),
+    args = _proc.torchrun(
+        n,
+        __file__,
         "--worker",
         "--rounds",
         str(rounds),
         *(["--quick"] if quick else []),
-    ]
+        launcher=("--monitor_interval", "0.1"),
+    )
     done = _proc.run(args, bound, env={"OMP_NUM_THREADS": "1"})
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode != 0 or not lines or done.leftovers:

@@ -113,8 +113,18 @@ def python(script: str, *script_args: str, bound: float, env: dict[str, str] | N
     return run([sys.executable, str(JOBS / script), *script_args], bound, env)
 
 
-def torchrun(script: str, *script_args: str, nproc: int, bound: float, env: dict[str, str] | None = None) -> Result:
-    """Run ``tests/jobs/<script>`` under ``python -m torch.distributed.run`` on loopback."""
+def torchrun(
+    script: str,
+    *script_args: str,
+    nproc: int,
+    bound: float,
+    env: dict[str, str] | None = None,
+    launcher: tuple[str, ...] = (),
+) -> Result:
+    """Run ``tests/jobs/<script>`` under ``python -m torch.distributed.run`` on loopback.
+
+    ``launcher``: more torchrun options (``("--max-restarts", "1")``).
+    """
     args = [
         sys.executable,
         "-m",
@@ -127,6 +137,7 @@ def torchrun(script: str, *script_args: str, nproc: int, bound: float, env: dict
         str(free_port()),
         "--monitor_interval",
         "0.1",
+        *launcher,
         str(JOBS / script),
         *script_args,
     ]

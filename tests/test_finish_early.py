@@ -35,7 +35,9 @@ def check(res: Result, how: str, where: str) -> None:
     ("how", "args", "story", "where"),
     [
         ("return", (), "returned from the function", "barrier #2"),
-        ("exit0", ("--collective",), "called sys.exit(0)", "all_reduce(SUM, float64[]) #2"),
+        pytest.param(
+            "exit0", ("--collective",), "called sys.exit(0)", "all_reduce(SUM, float64[]) #2", marks=pytest.mark.full
+        ),
     ],
 )
 def test_a_rank_that_finishes_under_spawn_is_not_waited_for(
@@ -49,7 +51,10 @@ def test_a_rank_that_finishes_under_spawn_is_not_waited_for(
     assert "  rank 1: finished" in res.stderr and "  rank 0: stopped: PEER_FAILED (exited with code 3)" in res.stderr
 
 
-@pytest.mark.parametrize(("args", "where"), [((), "barrier #2"), (("--collective",), "all_reduce(SUM, float64[]) #2")])
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [((), "barrier #2"), pytest.param(("--collective",), "all_reduce(SUM, float64[]) #2", marks=pytest.mark.full)],
+)
 def test_a_rank_that_finishes_under_torchrun_is_not_waited_for(args: tuple[str, ...], where: str) -> None:
     res = torchrun("finish_early.py", "torchrun", "finalize", *args, nproc=2, bound=BOUND)
     assert res.returncode == 1, res.output[-3000:]

@@ -36,7 +36,7 @@ def assert_users_frames_first(traceback: str) -> None:
     assert "contextlib.py" not in traceback and "/tether/" not in traceback, traceback
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [pytest.param(2, marks=pytest.mark.full), 4])
 def test_a_failing_parallel_job_prints_one_report_and_exits_7(nproc: int) -> None:
     res = python("output_failure.py", "spawn", str(nproc), bound=BOUND)
     assert res.returncode == int(ExitCode.LAUNCH_FAILED), res.output[-3000:]
@@ -82,7 +82,7 @@ def torchrun_failures(err: str) -> dict[int, tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [pytest.param(2, marks=pytest.mark.full), 4])
 def test_a_failing_torchrun_job_shows_the_traceback_once_and_one_line_per_victim(nproc: int) -> None:
     res = torchrun("output_failure.py", "torchrun", nproc=nproc, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
     assert res.returncode == 1, res.output[-3000:]  # torchrun's own code for a failed job

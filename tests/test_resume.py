@@ -11,38 +11,30 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import _harness
 import tether
-from _harness import JOBS, Result, free_port, run
+from _harness import JOBS, Result, run
 
 BOUND = 180.0
 
 
 def torchrun(out: Path, *args: str, restarts: int = 1) -> Result:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--max-restarts",
-        str(restarts),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        "--monitor_interval",
-        "0.1",
-        str(JOBS / "resume_job.py"),
+    return _harness.torchrun(
+        "resume_job.py",
         str(out),
         *args,
-    ]
-    return run(cmd, BOUND, env={"OMP_NUM_THREADS": "1"})
+        nproc=2,
+        bound=BOUND,
+        env={"OMP_NUM_THREADS": "1"},
+        launcher=("--max-restarts", str(restarts)),
+    )
 
 
 def trained(out: Path) -> dict[tuple[int, int, int], tuple[int, list[int]]]:
@@ -70,7 +62,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
-@pytest.mark.parametrize(("fail_rank", "fail_step"), [(1, 5), (0, 11)])
+@pytest.mark.parametrize(("fail_rank", "fail_step"), [(1, 5), pytest.param(0, 11, marks=pytest.mark.full)])
 def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterrupted_run(
     reference: Path, tmp_path: Path, fail_rank: int, fail_step: int
 ) -> None:
@@ -92,13 +84,15 @@ def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterr
 
 @pytest.mark.timeout(2 * BOUND + 60)
 def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: Path, tmp_path: Path) -> None:
-    # rank 0 dies after state.pt of step 8 is written, before its manifest: rank 1 saves step 8
+    # rank 0 dies after state.pt of step 8 is written, before its manifest; rank 1 saves the
+    # step it was in then (8, or 9 when rank 0's main thread got through step 8 first)
     res = torchrun(tmp_path, "--every", "4", "--fail-step", "8", "--fail-rank", "9", "--kill-in-save", "periodic")
     out = res.output
     assert res.returncode == 0, out[-4000:]
-    assert out.count("rank 1 saved an emergency checkpoint of step 8 to ") == 1, out[-4000:]
+    saved = re.findall(r"rank 1 saved an emergency checkpoint of step (\d+) to ", out)
+    assert len(saved) == 1 and int(saved[0]) in (8, 9), out[-4000:]
     assert list((tmp_path / "ckpt").glob(".tmp-step-00000008-*")), "the killed save left its partial directory"
-    assert "resumed from the emergency checkpoint of step 8" in out, out[-4000:]
+    assert f"resumed from the emergency checkpoint of step {saved[0]}" in out, out[-4000:]
     assert trained(tmp_path) == trained(reference)
     ref, got = weights(reference), weights(tmp_path)
     assert all(torch.equal(ref[name], got[name]) for name in ref)

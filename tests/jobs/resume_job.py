@@ -86,9 +86,12 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                     loss.backward()
                     opt.step()
                     opt.zero_grad()
-                line = {"attempt": attempt, "epoch": epoch, "it": i, "step": ckpt.position.step, "idx": idx.tolist()}
-                log.write(json.dumps(line) + "\n")
-                log.flush()
+                    # logged inside the step: a rank killed by its own periodic save (which
+                    # starts when the step ends) has logged what it trained
+                    step = ckpt.position.step + 1
+                    line = {"attempt": attempt, "epoch": epoch, "it": i, "step": step, "idx": idx.tolist()}
+                    log.write(json.dumps(line) + "\n")
+                    log.flush()
     ckpt.wait()
     if rank == 0:
         torch.save(model.module.state_dict(), Path(args.out, "final.pt"))
