@@ -82,3 +82,12 @@ def test_torchruns_root_cause_section_shows_the_failing_ranks_own_error() -> Non
     assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: 3 ", res.stderr), res.stderr[-3000:]
     assert "Connection closed by peer" not in res.stderr  # gloo's text is not the story
     assert res.leftovers == []
+
+
+def test_register_comm_hook_rejects_what_is_not_a_ddp_or_not_a_hook() -> None:
+    import torch
+
+    import tether
+
+    with pytest.raises(TypeError, match=r"^register_comm_hook: model must be a DistributedDataParallel, got Linear$"):
+        tether.register_comm_hook(torch.nn.Linear(2, 1))  # type: ignore[arg-type]

@@ -194,7 +194,7 @@ class Checkpointer:
         """One optimizer step at ``(epoch, iteration)``; see the module docstring."""
         rank = current().backend.topology.rank
         self._seed(self.position.step, rank)
-        self._stepped = False
+        self._stepped = self._in_optimizer_step = False  # (an optimizer step that raised left it set)
         try:
             yield
         except _PEER_FAILURES as exc:
