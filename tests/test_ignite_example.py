@@ -29,6 +29,7 @@ def ranks(res: Result) -> dict[str, str]:
     return dict(re.findall(r"^  rank (\d+): (.*)$", res.stderr, re.M))
 
 
+@pytest.mark.full
 def test_the_ignite_example_trains_and_checkpoints() -> None:
     res = example("--epochs", "1")
     assert res.returncode == 0, res.output[-3000:]

@@ -82,6 +82,7 @@ def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterr
         assert torch.equal(ref[name], got[name]), name
 
 
+@pytest.mark.full
 @pytest.mark.timeout(2 * BOUND + 60)
 def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: Path, tmp_path: Path) -> None:
     # rank 0 dies after state.pt of step 8 is written, before its manifest; rank 1 saves the

@@ -71,6 +71,7 @@ def test_a_stall_before_ddps_constructor_is_a_sync_timeout_naming_the_stalled_ra
     assert res.leftovers == []
 
 
+@pytest.mark.full  # the default run parses torchrun's Root Cause in test_launcher_output.py
 def test_torchruns_root_cause_section_shows_the_failing_ranks_own_error() -> None:
     res = torchrun("training_ddp.py", "torchrun", "raise", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
     assert res.returncode == 1, res.output[-3000:]
