@@ -137,10 +137,12 @@ def test_local_working_rank_failure_stops_its_own_node_and_reaches_the_other_nod
         SCRIPT, "spawn-2nodes", "2", "scenario=local-raises", "rank=0", "node=1", f"port={free_port()}", bound=JOB_BOUND
     )
     got = assert_contained(res, world=4, failing=2, exc_type="ValueError", message=message(2), spawned=True)
-    # rank 3 (same node) never ran the block; node 0 ran its own block, then learnt of the
-    # failure at its next sync
+    # rank 3 (same node) never ran the block; node 0's working rank ran its own block, then
+    # learnt of the failure at its next sync; rank 1 learnt it in its gate or in that sync
+    # (rank 0's block is empty: the post and rank 0's "go" race)
     assert got[3]["phase"] == "one_rank_first", got[3]
-    assert got[0]["phase"] == got[1]["phase"] == "barrier", got
+    assert got[0]["phase"] == "barrier", got
+    assert got[1]["phase"] in ("one_rank_first", "barrier"), got
 
 
 # --- one_rank_only(with_barrier=True) --------------------------------------------------
