@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -227,3 +228,28 @@ def exit_on_sigterm(ignore: bool = False) -> None:
             raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def command_line() -> str:
+    """This run's arguments, with ``--note``'s text left out (the result prints it above)."""
+    out, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            out.append('"…"')
+            skip = False
+            continue
+        out.append(a)
+        skip = a == "--note"
+    return " ".join(out)
+
+
+def add_driver_options(parser: Any, note: str = "the markdown copy", each: str = "world") -> None:
+    """The options every benchmark driver takes: the load wait, SIGTERM, a note."""
+    parser.add_argument(
+        "--wait-load", type=float, default=1.5, help=f"wait for a 1-minute load below this before each {each} (0: no)"
+    )
+    parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
+    parser.add_argument(
+        "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
+    )
+    parser.add_argument("--note", default="", help=f"a paragraph to put under the title of {note}")

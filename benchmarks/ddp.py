@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from sync import _command_line, _stats  # noqa: E402  (shared with sync.py: same argv and IQR conventions)
+from sync import _stats  # noqa: E402  (shared with sync.py: same argv and IQR conventions)
 
 if TYPE_CHECKING:
     import torch
@@ -262,6 +262,8 @@ def _paths(out: Path) -> tuple[Path, Path]:
 
 
 def main() -> None:
+    import _proc
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 20, 5 with --quick)")
@@ -280,14 +282,7 @@ def main() -> None:
         default=HERE / "results" / "ddp",
         help="write OUT.md (the table) and OUT.json (raw samples); default benchmarks/results/ddp",
     )
-    parser.add_argument(
-        "--wait-load", type=float, default=1.5, help="wait for a 1-minute load below this before each world (0: no)"
-    )
-    parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
-    parser.add_argument(
-        "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
-    )
-    parser.add_argument("--note", default="", help="a paragraph to put under the title of the markdown copy")
+    _proc.add_driver_options(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 20)
@@ -296,7 +291,6 @@ def main() -> None:
     if args.worker:
         worker(rounds, args.quick, steps)
         return
-    import _proc
 
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
     library = [_proc.library_state()]
@@ -323,7 +317,7 @@ def main() -> None:
             "# tether DDP hook benchmark",
             "",
             *([args.note, ""] if args.note else []),
-            f"`python benchmarks/ddp.py {_command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"`python benchmarks/ddp.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
             "torchrun, gloo on CPU, one thread per rank.",
             "",

@@ -755,19 +755,6 @@ LAUNCHER_TITLE = {
 }
 
 
-def _command_line() -> str:
-    """This run's arguments, with ``--note``'s text left out (it is printed above)."""
-    out, skip = [], False
-    for a in sys.argv[1:]:
-        if skip:
-            out.append('"…"')
-            skip = False
-            continue
-        out.append(a)
-        skip = a == "--note"
-    return " ".join(out)
-
-
 def main() -> None:
     import _proc
 
@@ -792,15 +779,8 @@ def main() -> None:
     parser.add_argument("--idle-ranks", type=int, default=2)
     parser.add_argument("--no-idle", action="store_true", help="skip the idle-cost measurement")
     parser.add_argument("--idle-only", action="store_true", help="only the idle-cost measurement")
-    parser.add_argument(
-        "--wait-load", type=float, default=1.5, help="wait for a 1-minute load below this before each section (0: no)"
-    )
-    parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where faults.md/.png/.json go")
-    parser.add_argument(
-        "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
-    )
-    parser.add_argument("--note", default="", help="a paragraph to put under the title of faults.md")
+    _proc.add_driver_options(parser, note="faults.md", each="section")
     parser.add_argument("--_launch", nargs=3, metavar=("KIND", "N", "OUTDIR"), help=argparse.SUPPRESS)
     parser.add_argument("--_torchrun-worker", nargs=2, metavar=("KIND", "OUTDIR"), help=argparse.SUPPRESS)
     parser.add_argument("--_idle-launch", nargs=3, help=argparse.SUPPRESS)
@@ -878,7 +858,7 @@ def main() -> None:
         "# tether fault benchmarks",
         "",
         *([args.note, ""] if args.note else []),
-        f"`python benchmarks/faults.py {_command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"`python benchmarks/faults.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
         f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min). gloo; "
         f"sigstop with lost_after={args.lost_after} s (heartbeat={args.heartbeat} s, used by node heartbeats "
         "only, and this is one node); other kinds with the default watchdog settings (grace 5 s).",

@@ -274,41 +274,22 @@ def verdicts(results: list[dict[str, object]]) -> list[str]:
     return out
 
 
-def _command_line() -> str:
-    """This run's arguments, with ``--note``'s text left out (it is printed above)."""
-    out, skip = [], False
-    for a in sys.argv[1:]:
-        if skip:
-            out.append('"…"')
-            skip = False
-            continue
-        out.append(a)
-        skip = a == "--note"
-    return " ".join(out)
-
-
 def main() -> None:
+    import _proc
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 15, 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and calls per batch")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw samples here")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "sync.md", help="markdown copy of the table")
-    parser.add_argument(
-        "--wait-load", type=float, default=1.5, help="wait for a 1-minute load below this before each world (0: no)"
-    )
-    parser.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (s)")
-    parser.add_argument(
-        "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
-    )
-    parser.add_argument("--note", default="", help="a paragraph to put under the title of the markdown copy")
+    _proc.add_driver_options(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 15)
     if args.worker:
         worker(rounds, args.quick)
         return
-    import _proc
 
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
     try:
@@ -332,7 +313,7 @@ def main() -> None:
             "# tether sync benchmarks",
             "",
             *([args.note, ""] if args.note else []),
-            f"`python benchmarks/sync.py {_command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"`python benchmarks/sync.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
             "torchrun, gloo.",
             "",
