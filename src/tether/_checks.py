@@ -204,6 +204,22 @@ def check_reduce_op(op: object, ops: Collection[str]) -> str:
     return op
 
 
+_BITWISE = ("AND", "OR")  # ignite's names for BAND/BOR, which NCCL does not have
+
+
+def check_op_on_backend(op: str, backend: str | None) -> None:
+    """A reduction the group's backend lacks: the same clear error on every rank, before any data moves.
+
+    NCCL has no bitwise reductions; without this check it fails inside the collective
+    with "Cannot use ReduceOp.BAND with NCCL" on some ranks only if the group is mixed.
+    """
+    if backend == "nccl" and op in _BITWISE:
+        raise ValueError(
+            f"Unsupported reduction operation: '{op}' on the nccl backend (NCCL has no bitwise "
+            f"reductions); for 0/1 values use '{'MIN' if op == 'AND' else 'MAX'}', or reduce on a gloo group"
+        )
+
+
 def check_ranks(ranks: object, world_size: int | None = None) -> list[int]:
     """``new_group``'s ranks: a list of int (in ``[0, world_size)`` when given)."""
     if not isinstance(ranks, list) or not all(_is_int(r) for r in ranks):

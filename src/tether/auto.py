@@ -53,7 +53,7 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **kwargs: Any) -> nn.Mod
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` or ``sync_bn`` not a bool.
-        ValueError: ``device_ids`` given on CUDA (tether sets it from the local rank:
+        ValueError: ``device_ids`` given on CUDA (tether sets it to the rank's device:
             "Argument kwargs should not contain 'device_ids'", as ignite), or ``sync_bn``
             in a distributed job off CUDA (DDP's own "SyncBatchNorm layers only work with
             GPU modules"); raised identically on every rank, before the model moves and
@@ -78,7 +78,7 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **kwargs: Any) -> nn.Mod
             log.info("tether.auto_model: converting BatchNorm to SyncBatchNorm")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
         if device.type == "cuda":
-            kwargs["device_ids"] = [device.index]  # the local rank's device: tether (as ignite) set it
+            kwargs["device_ids"] = [device.index]  # the rank's device, as tether chose it (_devices.py)
         log.info("tether.auto_model: wrapping the model in DistributedDataParallel")
         try:  # its constructor's collectives are raw ones: a failure there gets its true story
             ddp = nn.parallel.DistributedDataParallel(model, **kwargs)

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import warnings
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from . import _checks
+from . import _checks, _devices
+from ._core.nccl import ABORT_BUDGET, abort_in_background
 from ._env import Topology, env_int
 
 REDUCE_OPS: dict[str, dist.ReduceOp.RedOpType] = {  # ignite's names
@@ -91,6 +94,11 @@ class Backend:
         return True
 
     @property
+    def completes_at_enqueue(self) -> bool:
+        """Whether a work's future completes before the work itself (see ``NativeBackend``)."""
+        return False
+
+    @property
     def distributed(self) -> bool:
         return False
 
@@ -111,6 +119,7 @@ class NativeBackend(Backend):
         super().__init__(topology)
         self._backend = backend
         self._owns_group = owns_group
+        self._device_index: int | None = None  # the CUDA device chosen for a group tether made
 
     @staticmethod
     def create_from_context(local_rank_hint: int | None = None) -> NativeBackend | None:
@@ -130,23 +139,49 @@ class NativeBackend(Backend):
         return NativeBackend(topology, str(dist.get_backend()), owns_group=False)
 
     @classmethod
+    def prepare(cls, backend: str, topology: Topology) -> NativeBackend:
+        """The model of a group tether is about to create: its CUDA device chosen and set.
+
+        The device follows what the process sees (``_devices.choose_device``), for every
+        backend where CUDA is present (ignite's ``device()`` is the current device).
+        """
+        self = cls(topology, backend, owns_group=True)
+        if backend == "nccl" or torch.cuda.is_available():
+            choice = _devices.choose_device(
+                os.environ, topology.local_rank, topology.nproc_per_node, torch.cuda.device_count()
+            )
+            self._device_index = choice.index
+            torch.cuda.set_device(choice.index)
+        return self
+
+    def create_group(self, store: Store, timeout: datetime.timedelta | None) -> None:
+        """Create the default process group on ``store`` (a prefix of the job's store).
+
+        NCCL: the ranks first compare their GPUs over the store (``check_devices``), and
+        the group is bound to this rank's device (``device_id``), which makes NCCL create
+        its communicator here, eagerly: ``runtime.start`` runs this under the watchdog.
+        """
+        kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+        if self._backend == "nccl":
+            assert self._device_index is not None  # set by ``prepare``
+            check_devices(store, self.topology, self._device_index)
+            kwargs["device_id"] = torch.device("cuda", self._device_index)
+        dist.init_process_group(
+            self._backend,
+            store=PrefixStore("pg", store),
+            rank=self.topology.rank,
+            world_size=self.topology.world_size,
+            **kwargs,
+        )
+
+    @classmethod
     def create(
         cls, backend: str, topology: Topology, store: Store, timeout: datetime.timedelta | None
     ) -> NativeBackend:
-        kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
-        if backend == "nccl":
-            torch.cuda.set_device(topology.local_rank)
-            kwargs["device_id"] = torch.device("cuda", topology.local_rank)
-        elif torch.cuda.is_available() and topology.local_rank < torch.cuda.device_count():
-            torch.cuda.set_device(topology.local_rank)  # as ignite: device() is cuda:<local rank>
-        dist.init_process_group(
-            backend,
-            store=PrefixStore("pg", store),
-            rank=topology.rank,
-            world_size=topology.world_size,
-            **kwargs,
-        )
-        return cls(topology, backend, owns_group=True)
+        """``prepare`` and ``create_group`` in one (the group is made outside any watchdog)."""
+        self = cls.prepare(backend, topology)
+        self.create_group(store, timeout)
+        return self
 
     def backend(self) -> str | None:
         return self._backend
@@ -156,8 +191,15 @@ class NativeBackend(Backend):
         return True
 
     def device(self) -> torch.device:
-        """The current CUDA device where CUDA is available (any backend), else the CPU (ignite's)."""
+        """The group's CUDA device where CUDA is available (any backend), else the CPU (ignite's).
+
+        A group bound to a device (``init_process_group(device_id=...)``: tether's NCCL
+        groups, and an adopted group made so) answers that device; any other the current one.
+        """
         if torch.cuda.is_available():
+            bound = _bound_device()
+            if bound is not None:
+                return bound
             index = torch.cuda.current_device()
             if index < self.topology.local_rank < torch.cuda.device_count():
                 warnings.warn(
@@ -170,8 +212,16 @@ class NativeBackend(Backend):
 
     def comm_device(self) -> torch.device:
         if self._backend == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
+            return _bound_device() or torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
+
+    @property
+    def completes_at_enqueue(self) -> bool:
+        """Whether a work's future completes when its kernel is enqueued, not finished (NCCL).
+
+        Then only ``work.is_completed()`` says the collective finished; ``waits`` polls it.
+        """
+        return self._backend == "nccl"
 
     def can_send(self, tensor: torch.Tensor) -> bool:
         if self._backend == "nccl":
@@ -181,11 +231,29 @@ class NativeBackend(Backend):
         return tensor.device.type == "cpu"
 
     def abort(self) -> None:
-        # Only NCCL can unblock a thread inside a collective; gloo cannot (measured).
-        if self._backend == "nccl" and dist.is_initialized():
-            from torch.distributed.distributed_c10d import _abort_process_group
+        """Abort NCCL's communicators so that a thread blocked in one gets an error.
 
-            _abort_process_group()
+        Only NCCL can unblock a thread inside a collective; gloo cannot (measured). Every
+        group's communicator is aborted inside one NCCL group call (aborted one by one they
+        can deadlock: pytorch#119797), and torch's registry of groups is left as it is:
+        torch's ``_abort_process_group`` clears it, after which the main thread's raw
+        ``dist`` and DDP calls fail with ``ValueError``/``AssertionError`` instead of the
+        backend error that tether explains. Can block (``ncclCommAbort`` may hang): run it
+        with ``abort_in_background``.
+        """
+        if self._backend != "nccl" or not dist.is_initialized():
+            return
+        names = c10d._world.pg_names
+        everyone = sorted(list(names), key=lambda pg: names[pg], reverse=True)  # subgroups first, as torch does
+        nccl = _nccl_of(dist.group.WORLD)
+        if nccl is not None:
+            nccl._group_start()
+        try:
+            for pg in everyone:
+                pg.abort()
+        finally:
+            if nccl is not None:
+                nccl._group_end()
 
     def shutdown(self, clean: bool) -> None:
         if not self._owns_group or not dist.is_initialized():
@@ -194,5 +262,44 @@ class NativeBackend(Backend):
             dist.destroy_process_group()
         else:
             # After a failure destroy_process_group can block on a dead peer: abort where
-            # the backend has it, otherwise drop the group and let the process exit.
-            self.abort()
+            # the backend has it (never waiting on it longer than ABORT_BUDGET), and drop the group.
+            abort_in_background(self.abort, ABORT_BUDGET)
+
+
+def _nccl_of(pg: Any) -> Any:
+    """``pg``'s NCCL backend object, or None."""
+    try:
+        backend = pg._get_backend(torch.device("cuda"))
+    except RuntimeError:
+        return None
+    nccl_class = getattr(c10d, "ProcessGroupNCCL", None)
+    return backend if nccl_class is not None and isinstance(backend, nccl_class) else None
+
+
+def _bound_device() -> torch.device | None:
+    """The device the default group is bound to (``device_id``), if any."""
+    pg = dist.group.WORLD if dist.is_initialized() else None
+    bound = getattr(pg, "bound_device_id", None)
+    return bound if isinstance(bound, torch.device) else None
+
+
+def check_devices(store: Store, topology: Topology, index: int) -> None:
+    """With NCCL: every rank of a node compares its GPU with the others', before the group exists.
+
+    Each rank writes its GPU's identity (host or ``NCCL_HOSTID``, and UUID) to the store
+    and reads its node's; ranks that share a GPU make every rank of the node raise the same
+    ``ValueError``, where NCCL would fail later with "Duplicate GPU detected". Costs one
+    store write and one read of the node's keys per rank, once.
+
+    Raises:
+        ValueError: two ranks of this node share a GPU.
+    """
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    store.set(f"gpu/{topology.rank}", _devices.device_identity(socket.gethostname(), uuid, os.environ))
+    ranks = topology.node_ranks
+    keys = [f"gpu/{r}" for r in ranks]
+    store.wait(keys)
+    identities = [v.decode() for v in store.multi_get(keys)]
+    problem = _devices.duplicate_devices(identities, ranks)
+    if problem is not None:
+        raise ValueError(problem)

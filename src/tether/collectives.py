@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import pickle
 import struct
+from collections.abc import Callable
 from numbers import Complex, Integral, Number, Real
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed.distributed_c10d as c10d  # torch's own: ``dist.*`` are tether's raw-call wrappers
@@ -33,12 +34,45 @@ from ._core.context import Context
 from ._core.group import Group
 from ._core.runtime import current
 from ._core.verdicts import mismatch_of
-from ._core.waits import wait_work
+from ._core.waits import in_call, wait_work
 from .backends import REDUCE_OPS
 
 
 def _run(ctx: Context, work: Any, group: Group, signature: str, timeout: float | None) -> None:
     wait_work(ctx, work, group, signature, timeout)
+
+
+T = TypeVar("T")
+
+
+def _read(ctx: Context, t: torch.Tensor, read: Callable[[torch.Tensor], T]) -> T:
+    """A collective's result read on the CPU (``.item()``, ``.tolist()``, ``.cpu()``), then checked.
+
+    On a GPU the copy runs under this rank's whereabouts (a copy that blocks is a wait the
+    watchdog can name and end), and a failure known by the time it returns is raised
+    instead of the value: after an abort a buffer can hold an unreduced value with no error
+    from the backend, and a job that failed never returns a result. On the CPU the copy
+    cannot block, and the check is one attribute read.
+    """
+    if t.is_cuda:
+        with in_call(ctx, "reading a collective's result on the CPU"):
+            value = read(t)
+    else:
+        value = read(t)
+    ctx.check()
+    return value
+
+
+def _item(t: torch.Tensor) -> Any:
+    return t.item()
+
+
+def _tolist(t: torch.Tensor) -> Any:
+    return t.tolist()
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu()
 
 
 _SIGNATURE_BYTES = 96  # what each rank tells the others of its call, with ``check_collectives``
@@ -59,10 +93,8 @@ def _agree(ctx: Context, group: Group, signature: str, timeout: float | None) ->
     ctx.check()
     work = c10d.all_gather(out, mine, group=group.pg, async_op=True)
     _run(ctx, work, group, signature, timeout)
-    calls = {
-        r: bytes(t.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
-        for r, t in zip(group.members, out, strict=False)
-    }
+    rows = _read(ctx, torch.stack(out), _tolist)
+    calls = {r: bytes(row).rstrip(b"\0").decode(errors="replace") for r, row in zip(group.members, rows, strict=False)}
     if len(set(calls.values())) > 1:
         raise mismatch_of(ctx, group, calls)
 
@@ -128,6 +160,9 @@ def all_reduce(
     members = groups.resolve(ctx, group) if ctx.backend.distributed else None
     if members is None:
         return tensor
+    if op in ("AND", "OR"):  # only these need the group's backend: the happy path of the others asks nothing
+        backend = c10d.get_backend(members.pg) if members.pg is not None else ctx.backend.backend()
+        _checks.check_op_on_backend(op, backend)
     t = _staged(ctx, tensor) if isinstance(tensor, torch.Tensor) else _number(tensor, ctx.backend.comm_device())
     signature = f"all_reduce({op}, {_describe(t)})"
     _agree(ctx, members, signature, timeout)
@@ -136,7 +171,7 @@ def all_reduce(
     _run(ctx, work, members, signature, timeout)
     if isinstance(tensor, torch.Tensor):
         return _fill(tensor, t)
-    return cast(float, t.item())
+    return cast(float, _read(ctx, t, _item))
 
 
 def _gather_tensor(
@@ -156,10 +191,10 @@ def _gather_tensor(
 def _gather_bytes(ctx: Context, data: bytes, members: Group, signature: str, timeout: float | None) -> list[bytes]:
     device = ctx.backend.comm_device()
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    sizes = _gather_tensor(ctx, size, members, signature + "/size", timeout).tolist()
+    sizes = _read(ctx, _gather_tensor(ctx, size, members, signature + "/size", timeout), _tolist)
     padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
     padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else padded[:0]
-    rows = _gather_tensor(ctx, padded.unsqueeze(0), members, signature + "/data", timeout).cpu()
+    rows = _read(ctx, _gather_tensor(ctx, padded.unsqueeze(0), members, signature + "/data", timeout), _cpu)
     return [bytes(row[:n].tolist()) for row, n in zip(rows, sizes, strict=True)]
 
 
@@ -186,9 +221,11 @@ def all_gather(tensor: Any, group: Any = None, timeout: float | None = None) -> 
     if members is None:
         return tensor if isinstance(tensor, torch.Tensor) or ctx.backend.distributed else [tensor]
     if isinstance(tensor, torch.Tensor):
-        return _gather_tensor(ctx, _staged(ctx, tensor), members, "all_gather", timeout).to(tensor.device)
+        gathered = _gather_tensor(ctx, _staged(ctx, tensor), members, "all_gather", timeout)
+        return _read(ctx, gathered, lambda t: t.to(tensor.device))
     if isinstance(tensor, Number):
-        return _gather_tensor(ctx, _number(tensor, ctx.backend.comm_device()), members, "all_gather", timeout).tolist()
+        number = _number(tensor, ctx.backend.comm_device())
+        return _read(ctx, _gather_tensor(ctx, number, members, "all_gather", timeout), _tolist)
     if isinstance(tensor, str):
         return [b.decode() for b in _gather_bytes(ctx, tensor.encode(), members, "all_gather[str]", timeout)]
     blobs = _gather_bytes(ctx, pickle.dumps(tensor), members, "all_gather[object]", timeout)
@@ -225,8 +262,9 @@ def all_gather_tensors_with_shapes(
     biggest = torch.tensor(rows).amax(dim=0).tolist()
     padded = torch.zeros([1, *biggest], dtype=tensor.dtype, device=ctx.backend.comm_device())
     padded[0][tuple(slice(0, n) for n in tensor.shape)] = tensor
-    out = _gather_tensor(ctx, padded, members, "all_gather_tensors_with_shapes", timeout)
-    return [out[i][tuple(slice(0, n) for n in shape)].to(tensor.device) for i, shape in enumerate(rows)]
+    gathered = _gather_tensor(ctx, padded, members, "all_gather_tensors_with_shapes", timeout)
+    out = _read(ctx, gathered, lambda t: t.to(tensor.device))
+    return [out[i][tuple(slice(0, n) for n in shape)] for i, shape in enumerate(rows)]
 
 
 # A number travels as three int64: [kind, 64 bits, 64 bits] (the second word: a complex's imaginary part).
@@ -325,10 +363,10 @@ def broadcast(
 
     def send_bytes(data: bytes, what: str) -> bytes:
         size = send(torch.tensor([len(data)], dtype=torch.int64, device=device), what + "/size")
-        buf = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+        buf = torch.zeros(int(_read(ctx, size, _item)), dtype=torch.uint8, device=device)
         if is_src and data:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        return bytes(send(buf, what + "/data").cpu().tolist())
+        return bytes(_read(ctx, send(buf, what + "/data"), _tolist))
 
     kind = _kind(tensor)
     if safe_mode:
@@ -353,5 +391,5 @@ def broadcast(
         text = send_bytes(str(tensor).encode() if is_src else b"", "str").decode()
         return text if kind == "str" else Path(text)
     words = _encode_number(cast(Number, tensor)) if is_src else [0, 0, 0]
-    code, a, b = send(torch.tensor(words, dtype=torch.int64, device=device), "number").tolist()
+    code, a, b = _read(ctx, send(torch.tensor(words, dtype=torch.int64, device=device), "number"), _tolist)
     return cast(float, _decode_number(code, a, b))

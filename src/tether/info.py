@@ -55,9 +55,11 @@ def get_node_rank() -> int:
 def device() -> torch.device:
     """This process's device, as ignite's.
 
-    In a job: the current CUDA device (``cuda:<local rank>``, which tether sets at
-    start) wherever CUDA is available, under gloo too; else the CPU. Without a process
-    group: ``cuda``, else ``mps``, else the CPU.
+    In a job: the group's CUDA device wherever CUDA is available, under gloo too: the one
+    a group is bound to (``device_id``), else the current one, which tether sets at start
+    from what the process sees (``cuda:<local rank>`` when it sees every GPU of the node,
+    ``cuda:0`` under ``srun --gpus-per-task=1``; see ``tether/_devices.py``); else the
+    CPU. Without a process group: ``cuda``, else ``mps``, else the CPU.
     """
     return current().backend.device()
 

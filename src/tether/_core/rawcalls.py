@@ -38,7 +38,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import TetherError
-from . import context
+from . import context, nccl
 from .group import Group
 from .hooks import Terminated
 from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, warn_stall
@@ -65,7 +65,11 @@ WRAPPED = (
     "monitored_barrier",
     "_broadcast_coalesced",  # DDP's constructor: rank 0's parameters and buffers
     "_verify_params_across_processes",  # DDP's constructor: every rank's shapes
+    "new_group",  # gloo's rendezvous, NCCL's communicator split: C++ waits on every member
+    "new_subgroups",
+    "split_group",
 )
+_MAKES_GROUPS = ("new_group", "new_subgroups", "split_group")
 
 _originals: dict[str, Callable[..., Any]] = {}
 _MAIN = threading.main_thread()
@@ -135,4 +139,10 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return run_outside(call, original, *args, **kwargs)
 
-    return wrapper
+    @functools.wraps(original)
+    def makes_group(*args: Any, **kwargs: Any) -> Any:
+        ctx = context.peek()
+        with nccl.error_handling(ctx.backend.backend() if ctx is not None else None):
+            return run_outside(call, original, *args, **kwargs)
+
+    return makes_group if name in _MAKES_GROUPS else wrapper

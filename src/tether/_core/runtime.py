@@ -42,7 +42,7 @@ from .. import _slurm
 from .._checks import to_timedelta
 from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
-from . import context, rawcalls
+from . import context, nccl, rawcalls
 from .channel import Channel, clone, generation, has_queues, wait_keys
 from .context import Context
 from .failures import report_failure
@@ -52,6 +52,7 @@ from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
 from .rawcalls import RAW_MARGIN
 from .stores import channel_beside
+from .verdicts import OUTSIDE
 from .watchdog import Watchdog, WatchdogConfig
 
 log = logging.getLogger("tether")
@@ -82,8 +83,22 @@ def start(
     prefix = Channel.make_prefix(job_id, gen)
     if timeout is None and options.sync.timeout is not None:  # raw calls are bounded too (rawcalls.py)
         timeout = datetime.timedelta(seconds=options.sync.timeout + RAW_MARGIN)
-    native = NativeBackend.create(backend, topology, PrefixStore(f"pg/{job_id}/{gen}", store), timeout)
-    return _watch(native, chan_store, prefix, hosts_store, options, launch, error_file, True, keep_alive)
+    native = NativeBackend.prepare(backend, topology)
+    ctx = _watch(native, chan_store, prefix, hosts_store, options, launch, error_file, True, keep_alive, pg=None)
+    # The group is made under the watchdog: NCCL's eager communicator set-up (``device_id``)
+    # and gloo's rendezvous block in C++, where a peer that fails or never comes would
+    # otherwise hold this rank until the store's timeout (5 minutes). Here this rank's
+    # whereabouts say where it is, a stall is reported, a backend error gets the true
+    # story, and a peer's failure reaches the ladder, which ends the wait within ``grace``.
+    with nccl.error_handling(backend):
+        rawcalls.run_outside(
+            f"init_process_group({backend}) {OUTSIDE}",
+            native.create_group,
+            PrefixStore(f"pg/{job_id}/{gen}", store),
+            timeout,
+        )
+    ctx.pg = dist.group.WORLD
+    return ctx
 
 
 def _watch(
@@ -96,7 +111,10 @@ def _watch(
     error_file: str | None,
     owns_group: bool,
     keep_alive: Any = None,
+    *,
+    pg: Any,
 ) -> Context:
+    """Watch ``pg`` (None: a group ``start`` is about to create; it sets ``ctx.pg`` after)."""
     topo = backend.topology
     channel = Channel(store, prefix, topo.rank, topo.world_size)
     if not channel.queues:
@@ -119,19 +137,24 @@ def _watch(
         time.monotonic,
         beats=launch.node_beats,
     )
-    pg = dist.group.WORLD
+    made: Context | None = None
+
+    def group_gone() -> bool:
+        return made is not None and made.pg is not None and dist.group.WORLD is not made.pg
+
     watchdog = Watchdog(
         channel,
         config,
         judge=judge if launch.judge_peers else None,
         nodes=nodes if topo.nnodes > 1 and topo.local_rank == 0 and launch.node_beats else None,
         abort=backend.abort,
-        group_gone=lambda: dist.group.WORLD is not pg,
+        group_gone=group_gone,
     )
     # the main thread's syncs get their own connection: never delaying the group's, nor the watchdog's
     ctx = Context(
         backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file, pg, owns_group, keep_alive
     )
+    made = ctx
     ctx.hooks = Hooks(
         report_failure,
         owned=launch.owned and not interactive(),
@@ -271,7 +294,9 @@ def adopt_process_group() -> Context:
     hosts = rank == 0 and (launch_env is None or not launch_env.use_agent_store)
     options = Options.from_kwargs({}, 0 if hosts or launch_env is None else -1)
     error_file = launch_env.error_file if launch_env else None
-    return _watch(backend, store, prefix, hosts, options, _own_launch(env), error_file, False, keep)
+    return _watch(
+        backend, store, prefix, hosts, options, _own_launch(env), error_file, False, keep, pg=dist.group.WORLD
+    )
 
 
 def retire(ctx: Context, *, leave: bool = False) -> None:

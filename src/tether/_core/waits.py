@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -237,24 +237,61 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
 # --- collectives ------------------------------------------------------------------------
 
 
-def wait_work(ctx: Context, work: Any, group: Group, signature: str, timeout: float | None) -> None:
-    """Wait for an async collective; return when it is done, raise when a failure is known."""
+def wait_work(
+    ctx: Context, work: Any, group: Group, signature: str, timeout: float | None, *, polled: bool | None = None
+) -> None:
+    """Wait for an async collective; return when it is done, raise when a failure is known.
+
+    Args:
+        polled: wait by polling ``work.is_completed()`` (see ``_wait_polled``); None: when
+            the backend's futures complete at enqueue (NCCL).
+    """
     assert ctx.watchdog is not None
     seq = ctx.next_seq(group.key)
+    if polled is None:
+        polled = ctx.backend.completes_at_enqueue
     with in_call(ctx, f"{signature} {tag(group, seq)}"):
-        state = _fast_wait(ctx, work)
-        if state == _SUCCEEDED:
-            return  # the timed wait returned without raising: nothing more to ask the work
-        if state == _PENDING:
-            done = threading.Event()
-            work.get_future().add_done_callback(lambda _: done.set())
-            _wait_event(ctx, done, group, seq, signature, timeout)
+        if polled:
+            _wait_polled(ctx, work, group, seq, signature, timeout)
+        else:
+            state = _fast_wait(ctx, work)
+            if state == _SUCCEEDED:
+                return  # the timed wait returned without raising: nothing more to ask the work
+            if state == _PENDING:
+                done = threading.Event()
+                work.get_future().add_done_callback(lambda _: done.set())
+                _wait_event(ctx, done, group, seq, signature, timeout)
         try:
-            work.wait()
+            work.wait()  # after completion: raises the work's error, if any (NCCL: orders the current stream)
         except RuntimeError as exc:
             if isinstance(exc, TetherError):
                 raise
             raise ctx.watchdog.taken(explain_backend_error(ctx, group, exc)) from exc
+
+
+# Polling slices: the first check is free (a collective often finished while it was
+# issued), then 20 us doubling to 2 ms, so a short collective costs a few checks and a
+# long one a check every 2 ms (0.1% of a core: ``is_completed`` reads one CUDA event).
+_POLL_FIRST = 20e-6
+_POLL_MAX = 2e-3
+
+
+def _wait_polled(ctx: Context, work: Any, group: Group, seq: int, signature: str, timeout: float | None) -> None:
+    """Wait until ``work.is_completed()``, in slices on an event only the watchdog sets.
+
+    NCCL marks a work's future completed when its kernel is *enqueued*, so a completion
+    callback would return at once, and a timed ``work.wait(timeout)`` busy-waits and aborts
+    the communicator when it expires: ``is_completed()`` (the GPU finished the kernel) is
+    the only safe test. Between slices the event wakes the wait at once on a failure, and
+    timeouts, stall reports and the mismatch check apply as on gloo. This gives up the
+    CPU's run-ahead for tether's own collectives, whose results the caller reads anyway.
+    """
+    assert ctx.watchdog is not None
+    if work.is_completed():
+        ctx.watchdog.check()
+        return
+    woken = threading.Event()  # set by the watchdog only: a failure, or a signal to handle
+    _wait_event(ctx, woken, group, seq, signature, timeout, poll=work.is_completed)
 
 
 _FAST = datetime.timedelta(milliseconds=5)
@@ -273,7 +310,7 @@ def _fast_wait(ctx: Context, work: Any) -> str:
     """
     if work.is_completed():
         return _ENDED
-    if ctx.backend.backend() != "gloo":  # NCCL: a timed wait blocks the CPU and can trip its watchdog
+    if ctx.backend.backend() != "gloo":  # only gloo's timed wait is known to leave the work valid
         return _PENDING
     try:
         finished = work.wait(timeout=_FAST)
@@ -285,13 +322,21 @@ def _fast_wait(ctx: Context, work: Any) -> str:
 
 
 def _wait_event(
-    ctx: Context, done: threading.Event, group: Group, seq: int, signature: str, timeout: float | None
+    ctx: Context,
+    done: threading.Event,
+    group: Group,
+    seq: int,
+    signature: str,
+    timeout: float | None,
+    poll: Callable[[], bool] | None = None,
 ) -> None:
+    """Wait until ``done`` is set (or, with ``poll``, until it answers True), with every deadline applied."""
     assert ctx.watchdog is not None
     timeout = ctx.settings.timeout if timeout is None else timeout
     start = time.monotonic()
     checked = warned = False
     added = 0
+    step = _POLL_FIRST
     ctx.watchdog.begin_wait(
         event=done,
         check_at=start + LEFT_CHECK_AFTER,
@@ -303,9 +348,16 @@ def _wait_event(
             marks = [ctx.settings.warn_after if not warned else None, timeout]
             marks.append(ctx.settings.check_after if not checked else None)
             nxt = min((m for m in marks if m is not None and m > elapsed), default=elapsed + 60.0)
-            if done.wait(nxt - elapsed):
+            pause = nxt - elapsed if poll is None else min(nxt - elapsed, step)
+            if done.wait(pause):
+                ctx.watchdog.check()
+                if poll is None or poll():
+                    return
+                done.clear()  # a signal woke the wait (its handler ran): go on polling
+            elif poll is not None and poll():
                 ctx.watchdog.check()
                 return
+            step = min(step * 2, _POLL_MAX)
             elapsed = time.monotonic() - start
             if not checked and elapsed >= ctx.settings.check_after:
                 checked = True

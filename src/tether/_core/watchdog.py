@@ -56,6 +56,7 @@ from ..errors import ExitCode, PeerLost, TetherError
 from .channel import ROOT_WAIT, Channel
 from .futures import Failables
 from .liveness import NodeWatch, PeerJudge
+from .nccl import abort_in_background
 from .record import FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
@@ -383,19 +384,13 @@ class Watchdog:
         assert grace is not None
         if self._taken.wait(grace / 2):
             return
-        threading.Thread(target=self._run_abort, name="tether-abort", daemon=True).start()
+        abort_in_background(self._abort, None)  # never waited on: the exit below keeps its own timer
         if self._taken.wait(grace / 2):
             return
         assert self.failure is not None
         sys.stderr.write(render_notice(self.channel.rank, self.failure, self.whereabouts(), grace))
         sys.stderr.flush()
         self._exit(int(ExitCode.WATCHDOG))
-
-    def _run_abort(self) -> None:
-        try:
-            self._abort()
-        except Exception:
-            log.exception("tether: aborting the process group failed")
 
     def whereabouts(self) -> str:
         """The main thread's current tether call and its innermost Python frames."""
