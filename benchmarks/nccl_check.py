@@ -185,7 +185,8 @@ def main() -> int:
         print(f"CANNOT RUN ({today}): this machine has no CUDA device; nothing was checked")
         return 2
     gpu = torch.cuda.get_device_name(0)
-    lines = [f"# NCCL check, {today}", "", f"GPU: {gpu}; torch {torch.__version__}; NCCL {torch.cuda.nccl.version()}", ""]
+    versions = f"torch {torch.__version__}; NCCL {torch.cuda.nccl.version()}"
+    lines = [f"# NCCL check, {today}", "", f"GPU: {gpu}; {versions}", ""]
     failed = False
     for check in args.checks:
         events, text, codes, took = run_job(check, args.timeout)

@@ -29,7 +29,8 @@ BOUND = 60.0
     [
         ({}, 3, 4, 3),  # torchrun on a node of 4 GPUs
         ({"CUDA_VISIBLE_DEVICES": "3"}, 2, 1, 0),  # one GPU per rank, set by hand
-        ({"SLURM_STEP_GPUS": "5", "CUDA_VISIBLE_DEVICES": "5", "SLURM_LOCALID": "1"}, 1, 1, 0),  # srun --gpus-per-task=1
+        # srun --gpus-per-task=1: SLURM binds each task to its GPU
+        ({"SLURM_STEP_GPUS": "5", "CUDA_VISIBLE_DEVICES": "5", "SLURM_LOCALID": "1"}, 1, 1, 0),
         ({"CUDA_VISIBLE_DEVICES": "2,3"}, 3, 2, 1),  # 4 ranks, 2 GPUs: modulo, never out of range
         ({"SLURM_STEP_GPUS": "0,1,2,3"}, 1, 4, 1),
     ],
