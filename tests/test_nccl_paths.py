@@ -160,3 +160,18 @@ def test_tethers_nccl_abort_leaves_torchs_registry_of_groups() -> None:
     (world,) = lc_events(res, "world")
     assert world == {"event": "world", "initialized": True, "groups": 1, "world_size": 1}, world
     assert res.leftovers == []
+
+
+# --- set-up under the watchdog --------------------------------------------------------
+
+
+@pytest.mark.timeout(BOUND + 30)
+def test_a_peer_lost_while_the_group_is_created_ends_the_wait_within_grace() -> None:
+    res = python("setup_watched.py", bound=BOUND)
+    (ended,) = lc_events(res, "ended")
+    # before: rank 0 waited in init_process_group for the store's timeout (5 minutes)
+    assert ended["code"] == 6, res.output[-3000:]  # the ladder ended it: ExitCode.WATCHDOG
+    assert ended["after_kill"] < 12.0, ended  # lost within ~0.5 s (the host's judge) + grace 2 s
+    assert "rank 1 failed: Lost" in res.stderr, res.stderr[-3000:]
+    assert "init_process_group(gloo) (outside tether)" in res.stderr, res.stderr[-3000:]
+    assert res.leftovers == []

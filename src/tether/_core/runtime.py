@@ -32,6 +32,7 @@ import os
 import socket
 import sys
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -98,6 +99,10 @@ def start(
             timeout,
         )
     ctx.pg = dist.group.WORLD
+    # Only now: ``init_process_group`` wraps ``sys.excepthook`` in one that buffers stderr
+    # until the previous hook returns, and tether's ends the process: it must be outermost.
+    assert ctx.hooks is not None
+    ctx.hooks.install()
     return ctx
 
 
@@ -137,10 +142,11 @@ def _watch(
         time.monotonic,
         beats=launch.node_beats,
     )
-    made: Context | None = None
+    made: list[weakref.ref[Context]] = []  # weak: a cycle through the watchdog would keep the store open
 
     def group_gone() -> bool:
-        return made is not None and made.pg is not None and dist.group.WORLD is not made.pg
+        ctx = made[0]() if made else None
+        return ctx is not None and ctx.pg is not None and dist.group.WORLD is not ctx.pg
 
     watchdog = Watchdog(
         channel,
@@ -154,7 +160,7 @@ def _watch(
     ctx = Context(
         backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file, pg, owns_group, keep_alive
     )
-    made = ctx
+    made.append(weakref.ref(ctx))
     ctx.hooks = Hooks(
         report_failure,
         owned=launch.owned and not interactive(),
@@ -164,7 +170,8 @@ def _watch(
     )
     context.install(ctx)
     watchdog.start()
-    ctx.hooks.install()
+    if pg is not None:
+        ctx.hooks.install()  # else ``start`` installs them once the group exists
     _wrap_destroy()
     rawcalls.install()
     from .. import bridge  # the API layer, imported late: ignite's internals get tether's waits

@@ -1,0 +1,61 @@
+"""A peer lost while the process group is being created (issue 9, item 4).
+
+    python setup_watched.py            (the driver)
+    python setup_watched.py rank R P   (one rank; the driver starts them)
+
+The driver starts ranks 0 and 1 of a 3-rank job with torchrun's variables (rank 2 never
+comes, so both wait inside ``init_process_group``), and SIGKILLs rank 1 once it waits
+there. tether watches the creation, so rank 0 learns that rank 1 is lost and its ladder
+ends it within ``grace``; before, it waited for the store's timeout (5 minutes).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from lifecycle_common import emit, free_port
+
+GRACE = 2.0
+
+
+def rank_main(rank: int, port: int) -> None:
+    import tether
+
+    emit("initializing", rank=rank, time=time.time())
+    tether.initialize("gloo", grace=GRACE)
+    emit("initialized", rank=rank)  # never: rank 2 does not come
+
+
+def driver() -> None:
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_WORLD_SIZE": "3",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(subprocess.Popen([sys.executable, __file__, "rank", str(rank), str(port)], env=env))
+    time.sleep(3.0)  # both ranks are in init_process_group, waiting for rank 2
+    procs[1].send_signal(signal.SIGKILL)
+    killed = time.time()
+    procs[1].wait()
+    try:
+        code = procs[0].wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        procs[0].kill()
+        code = None
+    emit("ended", code=code, after_kill=time.time() - killed)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "rank":
+        rank_main(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        driver()
