@@ -183,7 +183,7 @@ ROWS: list[Row] = [
     # issue 8: a fault while the others wait in DDP's backward (tether's communication hook)
     raise_("F2", "backward", "spawn", 2, 1, bound=B, detect=PUSH),
     raise_("F2", "backward", "initialize", 4, 2, bound=B, detect=PUSH, full=True),
-    death("sigkill", "backward", "spawn", 4, 3, bound=B, detect=PUSH),
+    death("sigkill", "backward", "spawn", 4, 3, bound=B, detect=PUSH, full=True),
     death("sigkill", "backward", "initialize", 2, 1, bound=B, detect=WHEREABOUTS, full=True),
     stall("backward", "spawn", 2, 1, bound=B),
     stall("backward", "initialize", 4, 0, bound=B, full=True),
@@ -217,7 +217,7 @@ ROWS: list[Row] = [
     freeze("waiting", "spawn", 2, 1, bound=B, detect=HEARTBEAT, full=True),
     freeze("outside", "initialize", 4, 3, bound=B_STOPPED, detect=HEARTBEAT, full=True),
     # F5: stall past the others' timeout=
-    stall("outside", "spawn", 4, 2, bound=B),
+    stall("outside", "spawn", 4, 2, bound=B, full=True),  # default: stall in backward, DDP's ctor, ignite
     stall("first", "parallel", 4, 0, bound=B, full=True),
     stall("outside", "initialize", 4, 1, bound=B, full=True),
     stall("first", "spawn", 2, 0, bound=B, full=True),

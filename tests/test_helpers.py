@@ -100,9 +100,9 @@ def test_peers_raise_peer_failure_while_a_non_daemon_thread_keeps_the_failing_ra
 @pytest.mark.parametrize(
     ("launcher", "world", "working"),
     [
-        ("spawn", 4, 2),
+        pytest.param("spawn", 4, 2, marks=full),
         pytest.param("init", 4, 0, marks=full),
-        pytest.param("spawn", 2, 0, marks=full),
+        ("spawn", 2, 0),
     ],
 )
 def test_working_rank_that_catches_its_own_error_does_not_wait_on_peers_in_all_reduce(
