@@ -181,7 +181,7 @@ B_STOPPED = 200.0  # torchrun waits 30 s after its SIGTERM before it SIGKILLs a 
 
 ROWS: list[Row] = [
     # issue 8: a fault while the others wait in DDP's backward (tether's communication hook)
-    raise_("F2", "backward", "spawn", 2, 1, bound=B, detect=PUSH),
+    raise_("F2", "backward", "spawn", 2, 1, bound=B, detect=PUSH, full=True),  # default: test_training.py
     raise_("F2", "backward", "initialize", 4, 2, bound=B, detect=PUSH, full=True),
     death("sigkill", "backward", "spawn", 4, 3, bound=B, detect=PUSH, full=True),
     death("sigkill", "backward", "initialize", 2, 1, bound=B, detect=WHEREABOUTS, full=True),

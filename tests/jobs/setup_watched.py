@@ -41,8 +41,14 @@ def driver() -> None:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
         }
-        procs.append(subprocess.Popen([sys.executable, __file__, "rank", str(rank), str(port)], env=env))
-    time.sleep(3.0)  # both ranks are in init_process_group, waiting for rank 2
+        cmd = [sys.executable, __file__, "rank", str(rank), str(port)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+    for proc in procs:  # each says it is about to initialize (torch imported)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        sys.stdout.write(line)
+        assert '"initializing"' in line, line
+    time.sleep(1.5)  # both registered with the channel and wait in init_process_group for rank 2
     procs[1].send_signal(signal.SIGKILL)
     killed = time.time()
     procs[1].wait()
@@ -51,6 +57,8 @@ def driver() -> None:
     except subprocess.TimeoutExpired:
         procs[0].kill()
         code = None
+    assert procs[0].stdout is not None
+    sys.stdout.write(procs[0].stdout.read())
     emit("ended", code=code, after_kill=time.time() - killed)
 
 

@@ -91,13 +91,21 @@ def start(
     # otherwise hold this rank until the store's timeout (5 minutes). Here this rank's
     # whereabouts say where it is, a stall is reported, a backend error gets the true
     # story, and a peer's failure reaches the ladder, which ends the wait within ``grace``.
-    with nccl.error_handling(backend):
-        rawcalls.run_outside(
-            f"init_process_group({backend}) {OUTSIDE}",
-            native.create_group,
-            PrefixStore(f"pg/{job_id}/{gen}", store),
-            timeout,
-        )
+    try:
+        with nccl.error_handling(backend):
+            rawcalls.run_outside(
+                f"init_process_group({backend}) {OUTSIDE}",
+                native.create_group,
+                PrefixStore(f"pg/{job_id}/{gen}", store),
+                timeout,
+            )
+    except BaseException as exc:
+        # no group: post why (a peer still waiting in its creation learns it), stop watching
+        report_failure(exc)
+        context.uninstall()
+        assert ctx.watchdog is not None
+        ctx.watchdog.stop()  # without announcing a retirement: the peers' store may be going
+        raise
     ctx.pg = dist.group.WORLD
     # Only now: ``init_process_group`` wraps ``sys.excepthook`` in one that buffers stderr
     # until the previous hook returns, and tether's ends the process: it must be outermost.
