@@ -222,3 +222,44 @@ def test_checkpointer_rejects_bad_arguments(tmp_path: Path, kwargs: dict[str, ob
     args: dict[str, object] = {"objects": {"m": torch.nn.Linear(1, 1)}, "dirname": tmp_path, **kwargs}
     with pytest.raises(kind, match=match):
         tether.Checkpointer(**args)  # type: ignore[arg-type]
+
+
+# --- random states and the emergency saver, in real jobs ------------------------------------
+
+
+@pytest.mark.timeout(BOUND + 60)
+def test_a_periodic_checkpoint_restores_every_ranks_own_random_states(tmp_path: Path) -> None:
+    first = _harness.python("checkpoint_cases.py", "random", "first", str(tmp_path), bound=BOUND)
+    assert first.returncode == 0, first.output[-3000:]
+    again = _harness.python("checkpoint_cases.py", "random", "resume", str(tmp_path), bound=BOUND)
+    assert again.returncode == 0, again.output[-3000:]
+    before = {e["rank"]: e for e in _events(first, "draws")}
+    after = {e["rank"]: e for e in _events(again, "draws")}
+    assert sorted(before) == sorted(after) == [0, 1]
+    for rank in (0, 1):
+        assert after[rank]["step"] == 2
+        assert after[rank]["values"] == before[rank]["values"], (rank, before[rank], after[rank])
+    assert before[0]["values"] != before[1]["values"]  # each rank got its own states back, not rank 0's
+    assert first.leftovers == again.leftovers == []
+
+
+@pytest.mark.timeout(BOUND + 60)
+def test_the_lowest_surviving_rank_writes_the_emergency_checkpoint(tmp_path: Path) -> None:
+    res = _harness.python("checkpoint_cases.py", "lowest", str(tmp_path), bound=BOUND)
+    assert res.returncode == 7, res.output[-3000:]
+    err = res.stderr
+    saved = re.findall(r"^tether: rank (\d+) saved an emergency checkpoint of step (\d+) to ", err, re.M)
+    assert saved == [("1", "1")], err[-3000:]  # the saver's own line (the report repeats it once)
+    assert "Emergency checkpoint: rank 1 saved an emergency checkpoint of step 1" in err, err[-3000:]
+    raised = {e["rank"]: e for e in _events(res, "raised")}
+    assert all(raised[r]["exc"] == "PeerFailure" and raised[r]["failing"] == 0 for r in (1, 2, 3)), raised
+    assert "RuntimeError: rank 0 broke at step 1" in err, err[-3000:]
+    (launcher,) = _events(res, "launcher")
+    assert launcher["exit_codes"] == {"0": 1, "1": 3, "2": 3, "3": 3}
+    assert res.leftovers == []
+
+
+def _events(res: Result, event: str) -> list[dict[str, object]]:
+    from _core import lc_events
+
+    return lc_events(res, event)

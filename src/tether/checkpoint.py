@@ -111,7 +111,8 @@ class Checkpointer:
         dirname: the checkpoint directory (created on rank 0).
         every: save a periodic checkpoint every ``every`` steps (None: emergency only).
         keep: keep the newest ``keep`` checkpoints and delete older ones (None: keep all).
-        seed: the base of each step's seed (see the module docstring).
+        seed: the base of each step's seed (see the module docstring); None seeds nothing,
+            and only the random states saved by periodic checkpoints carry randomness over.
         emergency: write an emergency checkpoint when a peer fails (default True).
         emergency_budget: seconds tether's launcher lets the emergency save take.
 
@@ -127,7 +128,7 @@ class Checkpointer:
         dirname: str | os.PathLike[str],
         every: int | None = None,
         keep: int | None = None,
-        seed: int = 0,
+        seed: int | None = 0,
         emergency: bool = True,
         emergency_budget: float = 30.0,
     ) -> None:
@@ -136,6 +137,8 @@ class Checkpointer:
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"Checkpointer: {name!r} has no state_dict()/load_state_dict()")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"Checkpointer: seed must be an int or None, got {seed!r}")
         for what, value in (("every", every), ("keep", keep)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"Checkpointer: {what} must be a positive int or None, got {value!r}")
@@ -152,6 +155,7 @@ class Checkpointer:
         self._stepped = False  # the optimizer's step finished within the current step
         self._writer: threading.Thread | None = None
         self._foreign: list[str] = []
+        self._sharded = _sharded(self.objects)  # the name of a sharded object, if any
         for opt in self._optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
             opt.register_step_post_hook(self._after_optimizer_step)
@@ -184,6 +188,15 @@ class Checkpointer:
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
         for name, obj in self.objects.items():
             obj.load_state_dict(state["objects"][name])
+        randomness = state.get("random")
+        if isinstance(randomness, list) and len(randomness) == world:
+            _set_random_state(randomness[ctx.backend.topology.rank])
+        elif self.seed is None:
+            log.warning(
+                "tether: the checkpoint of step %d carries no random states (an emergency save cannot hold a "
+                "failed rank's), and seed=None: randomness after the resume differs from an uninterrupted run",
+                step,
+            )
         self.position = Position(int(manifest["epoch"]), int(manifest["iteration"]), int(manifest["step"]))
         kind = "emergency" if manifest.get("emergency") else "periodic"
         log.warning("tether: resumed from the %s checkpoint of step %d (%s)", kind, step, path)
@@ -195,8 +208,11 @@ class Checkpointer:
         rank = current().backend.topology.rank
         self._seed(self.position.step, rank)
         self._stepped = self._in_optimizer_step = False  # (an optimizer step that raised left it set)
+        done = self.position.step + 1
+        saving = self.every is not None and done % self.every == 0
         try:
             yield
+            randomness = collectives.all_gather(_random_state()) if saving else None  # every rank's, at this point
         except _PEER_FAILURES as exc:
             if self.emergency:
                 held = _Held().hold()  # at once: torchrun's SIGTERM comes 0.1 s after a worker died
@@ -205,10 +221,9 @@ class Checkpointer:
                 finally:
                     held.release()
             raise
-        done = self.position.step + 1
         self.position = _next(epoch, iteration, done)
-        if self.every is not None and done % self.every == 0 and rank == 0:
-            self._save_async(self.position, emergency=False)
+        if saving and rank == 0:
+            self._save_async(self.position, randomness)
 
     def wait(self) -> None:
         """Wait for a periodic save still being written (the next save waits too)."""
@@ -234,9 +249,15 @@ class Checkpointer:
                 "optimizer.step(), so its replica is neither the last step's nor this one's\n"
             )
             return
+        if self._sharded is not None:
+            sys.stderr.write(
+                f"tether: rank {rank} saved no emergency checkpoint: {self._sharded} is sharded (FSDP), and a "
+                "failed rank's shard is gone with it; resume from the last periodic checkpoint\n"
+            )
+            return
         position = _next(epoch, iteration, self.position.step + 1) if self._stepped else self.position
-        if ctx.channel is None or not ctx.channel.claim_emergency(rank):
-            return  # another survivor saves it: replicas are identical
+        if ctx.channel is None or not ctx.channel.claim_emergency(rank, CLAIM_WINDOW):
+            return  # a lower survivor saves it: replicas are identical
         self.wait()
         try:
             ctx.channel.announce_emergency("saving", self.emergency_budget)
@@ -249,25 +270,25 @@ class Checkpointer:
             ctx.channel.announce_emergency(f"failed: {err}", 0.0)
             sys.stderr.write(f"tether: rank {rank} could not save an emergency checkpoint: {err}\n")
 
-    def _snapshot(self, position: Position) -> dict[str, Any]:
+    def _snapshot(self, position: Position, randomness: Any = None) -> dict[str, Any]:
         objects = {name: copy.deepcopy(obj.state_dict()) for name, obj in self.objects.items()}
-        return {"objects": objects, "position": dataclasses.asdict(position)}
+        return {"objects": objects, "position": dataclasses.asdict(position), "random": randomness}
 
-    def _save_async(self, position: Position, emergency: bool) -> None:
+    def _save_async(self, position: Position, randomness: Any) -> None:
         self.wait()
-        state = self._snapshot(position)  # on this thread: the state of this very step
+        state = self._snapshot(position, randomness)  # on this thread: the state of this very step
         world = current().backend.topology.world_size
         self._writer = threading.Thread(
-            target=self._write_behind, args=(state, position, world, emergency), name="tether-checkpoint", daemon=True
+            target=self._write_behind, args=(state, position, world), name="tether-checkpoint", daemon=True
         )
         self._writer.start()
 
-    def _write_behind(self, state: dict[str, Any], position: Position, world: int, emergency: bool) -> None:
+    def _write_behind(self, state: dict[str, Any], position: Position, world: int) -> None:
         """The periodic save's thread: it yields the CPU to training (Linux: a thread has its own nice)."""
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:
-            self._write(state, position, world, emergency)
+            self._write(state, position, world, emergency=False)
         except Exception as exc:  # a full disk must not kill training: the next save tries again
             log.warning("tether: the periodic checkpoint of step %d failed: %s", position.step, exc)
 
@@ -324,12 +345,57 @@ class Checkpointer:
     # --- randomness -------------------------------------------------------------------------
 
     def _seed(self, step: int, rank: int) -> None:
+        if self.seed is None:
+            return
         value = zlib.crc32(f"{self.seed}/{step}/{rank}".encode())
         torch.manual_seed(value)
         random.seed(value)
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed(value)
+
+
+CLAIM_WINDOW = 0.25  # seconds survivors offer to write the emergency save before the lowest claims it
+
+
+def _random_state() -> dict[str, Any]:
+    """This process's random states: torch (and CUDA's, where initialised), Python's, NumPy's (if imported)."""
+    numpy = sys.modules.get("numpy")
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if _cuda_in_use() else None,
+        "python": random.getstate(),
+        "numpy": numpy.random.get_state() if numpy is not None else None,
+    }
+
+
+def _cuda_in_use() -> bool:
+    """CUDA is available and this process already uses it (asking never initialises it)."""
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+def _set_random_state(saved: Mapping[str, Any]) -> None:
+    torch.set_rng_state(saved["torch"])
+    if saved.get("cuda") is not None and torch.cuda.is_available():  # saved by a rank that used CUDA
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    random.setstate(saved["python"])
+    numpy = sys.modules.get("numpy")
+    if saved.get("numpy") is not None and numpy is not None:
+        numpy.random.set_state(saved["numpy"])
+
+
+def _sharded(objects: Mapping[str, Any]) -> str | None:
+    """The name of an object whose state is sharded across ranks (FSDP, DTensor parameters), if any."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return None
+    for name, obj in objects.items():
+        if isinstance(obj, torch.nn.Module) and (
+            type(obj).__name__ == "FullyShardedDataParallel" or any(isinstance(p, DTensor) for p in obj.parameters())
+        ):
+            return repr(name)
+    return None
 
 
 def _next(epoch: int, iteration: int, done: int) -> Position:

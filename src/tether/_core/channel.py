@@ -270,8 +270,20 @@ class Channel:
         self._store.append(self.key("left", "ranks"), f"{self.rank},")  # type: ignore[attr-defined]
         return int(self._store.add(self.key("left", "n"), 1))
 
-    def claim_emergency(self, rank: int) -> bool:
-        """Claim the emergency checkpoint (``tether.checkpoint``); True for the first claimer only."""
+    def claim_emergency(self, rank: int, window: float) -> bool:
+        """Offer to write the emergency checkpoint; True for the one rank that writes it.
+
+        Every consistent survivor appends its rank to the offers, waits ``window`` seconds
+        (survivors learn of a failure within milliseconds of each other), and the lowest
+        offer then claims the save with ``compare_set``. A survivor that offers after the
+        claim was taken loses even if it is lower: never two writers.
+        """
+        offers = self.key("emergency", "offers")
+        self._store.append(offers, f"{rank},")  # type: ignore[attr-defined]
+        time.sleep(window)
+        lowest = min(int(r) for r in self._store.get(offers).decode().split(",") if r)
+        if lowest != rank:
+            return False
         key = self.key("emergency", "claim")
         return self._store.compare_set(key, "", str(rank)).decode() == str(rank)
 

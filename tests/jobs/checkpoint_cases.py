@@ -1,0 +1,83 @@
+"""Two behaviours of ``tether.Checkpointer`` in real jobs (issue 12).
+
+    python checkpoint_cases.py random first|resume OUT   (2 ranks, tether.spawn)
+    python checkpoint_cases.py lowest OUT                (4 ranks, tether.spawn)
+
+* ``random``: every rank starts from its own seeds and uses ``seed=None`` (no per-step
+  seeding), so only the random states a periodic checkpoint saved can carry randomness
+  over. ``first`` runs 3 steps (a save after step 2) and records the draws that follow
+  that save; ``resume``, a fresh job seeded otherwise, resumes and records its first
+  draws. They must be the same, rank by rank.
+* ``lowest``: rank 0 raises in step 1; rank 1 reaches that step 0.1 s after ranks 2 and 3
+  (which learn of the failure at once). The lowest survivor, rank 1, must write the
+  emergency checkpoint.
+"""
+
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy
+import torch
+
+import tether
+from lifecycle_common import emit, raised
+
+CASE = sys.argv[1]
+
+
+def draws() -> list[float]:
+    return [float(torch.rand(1).item()), random.random(), float(numpy.random.rand())]
+
+
+def random_case(local_rank: int, phase: str, out: str) -> None:
+    rank = tether.get_rank()
+    base = 100 if phase == "first" else 900
+    torch.manual_seed(base + rank)
+    random.seed(base + 10 + rank)
+    numpy.random.seed(base + 20 + rank)
+    model = torch.nn.Linear(4, 1)
+    ckpt = tether.Checkpointer({"model": model}, Path(out, "ckpt"), every=2, seed=None)
+    if phase == "resume":
+        start = ckpt.resume()
+        emit("draws", rank=rank, phase=phase, step=start.step, values=draws())
+        return
+    for i in range(3):
+        with ckpt.step(0, i), torch.no_grad():
+            model.weight.add_(torch.rand(1, 4))  # the step draws too
+        if i == 1:  # the save of step 2 was just taken
+            emit("draws", rank=rank, phase=phase, step=2, values=draws())
+    ckpt.wait()
+
+
+def lowest_case(local_rank: int, out: str) -> None:
+    rank = tether.get_rank()
+    torch.manual_seed(0)
+    model = tether.auto_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(out, "ckpt"))
+    try:
+        for i in range(3):
+            with ckpt.step(0, i):
+                if i == 1 and rank == 0:
+                    raise RuntimeError("rank 0 broke at step 1")
+                if i == 1 and rank == 1:
+                    time.sleep(0.1)  # ranks 2 and 3 learn of the failure first
+                model(torch.ones(2, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    except BaseException as exc:
+        raised(rank, exc)
+        raise
+
+
+if __name__ == "__main__":
+    try:
+        if CASE == "random":
+            tether.spawn("gloo", random_case, (sys.argv[2], sys.argv[3]), nproc_per_node=2)
+        else:
+            tether.spawn("gloo", lowest_case, (sys.argv[2],), nproc_per_node=4)
+    except tether.JobFailed as exc:
+        emit("launcher", exit_codes={str(k): v for k, v in exc.exit_codes.items()})
+        raise
