@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy
 import torch
+from lifecycle_common import emit, raised
 
 import tether
-from lifecycle_common import emit, raised
 
 CASE = sys.argv[1]
 
