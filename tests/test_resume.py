@@ -263,3 +263,34 @@ def _events(res: Result, event: str) -> list[dict[str, object]]:
     from _core import lc_events
 
     return lc_events(res, event)
+
+
+# --- sharded state (FSDP) ------------------------------------------------------------------
+
+
+def _sharded(out: Path, *args: str) -> Result:
+    return _harness.python("sharded_resume.py", str(out), *args, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
+def test_sharded_state_resumes_from_dcp_checkpoints_bitwise_and_saves_no_emergency_one(tmp_path: Path) -> None:
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    reference.mkdir()
+    interrupted.mkdir()
+    ref = _sharded(reference)
+    assert ref.returncode == 0, ref.output[-3000:]
+    res = _sharded(interrupted, "--fail-step", "10")
+    err = res.stderr
+    assert res.returncode == 0, res.output[-4000:]  # restarted once, then finished
+    why = "'model' is sharded (FSDP), and a failed rank's shard is gone with it"
+    assert err.count(f"tether: rank 0 saved no emergency checkpoint: {why}") == 1, err[-4000:]
+    assert f"Emergency checkpoint: none (rank 0: {why})" in err, err[-4000:]  # the report says why
+    assert "RuntimeError: rank 1 failed at step 10" in err and "rank 0: stopped: PEER_FAILED" in err, err[-4000:]
+    assert err.count("resumed from the periodic checkpoint of step 8") == 2, err[-4000:]  # both ranks
+    manifest = json.loads((interrupted / "ckpt" / "step-00000008" / "manifest.json").read_text())
+    assert manifest["layout"] == "dcp" and manifest["world_size"] == 2
+    want, got = torch.load(reference / "final.pt"), torch.load(interrupted / "final.pt")
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    assert ref.leftovers == res.leftovers == []

@@ -23,34 +23,44 @@ job (torchrun ``--max-restarts``) continues from it::
 Checkpointer seeds torch, Python's ``random`` and NumPy (when imported) from ``(seed,
 step, rank)``: any rank's random state at any step is a function of the position, so a
 resumed run draws what the uninterrupted one drew, although no survivor can save the
-random state of a rank that died. After it, every ``every`` steps, rank 0 saves a
-periodic checkpoint: the state is copied in memory on the main thread, then written by a
-background thread (the step goes on).
+random state of a rank that died (``seed=None`` turns this off). After it, every
+``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
+Python's, NumPy's) and rank 0 saves a periodic checkpoint: the state is copied in memory
+on the main thread, then written by a background thread (the step goes on). A resume from
+a periodic checkpoint gives every rank its own random states back, so code that draws
+between steps continues exactly too.
 
 **The emergency checkpoint.** When ``PeerFailure``, ``PeerLost``, ``SyncTimeout`` or
-``SyncMismatch`` leaves the step, the replica is consistent if the optimizer's step had
-not begun (the state is the last completed step's) or had finished (it is this step's);
-the Checkpointer knows which from hooks on the optimizer. A consistent survivor claims
-the emergency save on the job's store (the first claim wins: replicas are identical),
-writes it with SIGTERM deferred (torchrun SIGTERMs survivors 0.1 s after a worker died
-and SIGKILLs them 30 s later; tether's launcher waits ``emergency_budget``), prints one
-line saying which step it saved and where, and the exception goes on. A survivor whose
-failure came in the middle of ``optimizer.step()`` writes nothing, and says why.
+``SyncMismatch`` leaves the step (or a backend error out of a raw collective, such as
+FSDP's, that a peer's failure explains), the replica is consistent if the optimizer's
+step had not begun (the state is the last completed step's) or had finished (it is this
+step's); the Checkpointer knows which from hooks on the optimizer. The consistent
+survivors offer to write it; after ``CLAIM_WINDOW`` (0.25 s) the lowest of them claims it
+on the job's store and writes it with SIGTERM deferred (torchrun SIGTERMs survivors 0.1 s
+after a worker died and SIGKILLs them 30 s later; tether's launcher waits
+``emergency_budget``), prints one line saying which step it saved and where, and the
+exception goes on. A survivor whose failure came in the middle of ``optimizer.step()``
+writes nothing, and says why; so does every survivor of sharded training.
 
 **On disk.** A checkpoint is a directory ``step-<N>`` holding ``state.pt`` (the objects'
-state dicts and the position, ``torch.save``) and ``manifest.json`` (format version,
-step, epoch, iteration, world size, the SHA-256 of ``state.pt``, and whether it was an
-emergency save). It is written as ``.tmp-step-<N>-<pid>``, flushed, and renamed: a
-process killed mid-save leaves a ``.tmp-`` directory that ``resume`` never takes.
-``resume`` refuses, with a warning naming why, a directory whose manifest is missing,
-unreadable, of another format or world size, or whose checksum does not match, and
-falls back to the next newest. Nothing is ever deleted unless ``keep=`` asks to rotate.
+state dicts, the position and the random states, ``torch.save``) and ``manifest.json``
+(format version, step, epoch, iteration, world size, the SHA-256 of ``state.pt``, and
+whether it was an emergency save). It is written as ``.tmp-step-<N>-<pid>``, flushed, and
+renamed: a process killed mid-save leaves a ``.tmp-`` directory that ``resume`` never
+takes. ``resume`` refuses, with a warning naming why, a directory whose manifest is
+missing, unreadable, of another format or world size, or whose checksum does not match,
+and falls back to the next newest. Nothing is ever deleted unless ``keep=`` asks to rotate.
 
-Why not ``torch.distributed.checkpoint``: its save is a collective over the process
-group, and an emergency save runs when a peer of that group is gone. For DDP's
-replicated state one rank's ``torch.save`` holds everything; sharded state (FSDP
-without replicas) has no survivor that can vouch for the lost shard, and is not
-supported here.
+**Sharded state (FSDP).** A model whose parameters are sharded (``fully_shard``'s DTensor
+parameters, FSDP's wrapper) is saved with ``torch.distributed.checkpoint``: at every
+periodic save each rank writes its shards (``dcp.save``, synchronous: a collective), rank 0
+adds ``state.pt`` (position, random states) and a manifest whose checksum covers every
+file, and ``resume`` loads every rank's shards with ``dcp.load`` (``tether/_sharded.py``).
+No emergency checkpoint exists for such state: the failed rank's shard is gone with it.
+
+Why not DCP for replicated state too: its save is a collective over the process group,
+and an emergency save runs when a peer of that group is gone. For DDP's replicated state
+one rank's ``torch.save`` holds everything, and needs nobody else.
 """
 
 from __future__ import annotations
@@ -75,8 +85,9 @@ from typing import Any
 
 import torch
 
-from . import collectives
+from . import _sharded, collectives, syncs
 from ._core.runtime import current
+from ._core.verdicts import failure_behind_raw
 from .errors import PeerFailure, SyncMismatch, SyncTimeout, TetherError
 
 log = logging.getLogger("tether")
@@ -155,7 +166,7 @@ class Checkpointer:
         self._stepped = False  # the optimizer's step finished within the current step
         self._writer: threading.Thread | None = None
         self._foreign: list[str] = []
-        self._sharded = _sharded(self.objects)  # the name of a sharded object, if any
+        self._sharded = _sharded_name(self.objects)  # a sharded module's name: saves go through DCP
         for opt in self._optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
             opt.register_step_post_hook(self._after_optimizer_step)
@@ -186,8 +197,11 @@ class Checkpointer:
             return self.position
         step, path, manifest = found
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-        for name, obj in self.objects.items():
-            obj.load_state_dict(state["objects"][name])
+        if self._sharded is not None:
+            _sharded.load(self.objects, self._sharded, path)  # every rank its shards (a collective)
+        else:
+            for name, obj in self.objects.items():
+                obj.load_state_dict(state["objects"][name])
         randomness = state.get("random")
         if isinstance(randomness, list) and len(randomness) == world:
             _set_random_state(randomness[ctx.backend.topology.rank])
@@ -214,16 +228,29 @@ class Checkpointer:
             yield
             randomness = collectives.all_gather(_random_state()) if saving else None  # every rank's, at this point
         except _PEER_FAILURES as exc:
-            if self.emergency:
-                held = _Held().hold()  # at once: torchrun's SIGTERM comes 0.1 s after a worker died
-                try:
-                    self._emergency(exc, epoch, iteration)
-                finally:
-                    held.release()
+            self._stopped(exc, epoch, iteration)
             raise
+        except RuntimeError as exc:
+            # a backend error out of a raw collective (FSDP's, the user's): a victim if a peer's failure is behind it
+            behind = None if isinstance(exc, TetherError) else failure_behind_raw(current(), exc, "a training step")
+            if not isinstance(behind, _PEER_FAILURES):
+                raise
+            self._stopped(behind, epoch, iteration)
+            raise behind from exc
         self.position = _next(epoch, iteration, done)
-        if saving and rank == 0:
+        if saving and self._sharded is not None:
+            self._save_sharded(self.position, randomness)  # every rank writes its shards
+        elif saving and rank == 0:
             self._save_async(self.position, randomness)
+
+    def _stopped(self, exc: TetherError, epoch: int, iteration: int) -> None:
+        """A peer's failure left the step: the emergency save, SIGTERM held meanwhile."""
+        if self.emergency:
+            held = _Held().hold()  # at once: torchrun's SIGTERM comes 0.1 s after a worker died
+            try:
+                self._emergency(exc, epoch, iteration)
+            finally:
+                held.release()
 
     def wait(self) -> None:
         """Wait for a periodic save still being written (the next save waits too)."""
@@ -243,17 +270,19 @@ class Checkpointer:
     def _emergency(self, exc: TetherError, epoch: int, iteration: int) -> None:
         ctx = current()
         rank = ctx.backend.topology.rank
-        if self._in_optimizer_step:
-            sys.stderr.write(
-                f"tether: rank {rank} saved no emergency checkpoint: the failure came in the middle of "
-                "optimizer.step(), so its replica is neither the last step's nor this one's\n"
-            )
-            return
+        why_not = None
         if self._sharded is not None:
-            sys.stderr.write(
-                f"tether: rank {rank} saved no emergency checkpoint: {self._sharded} is sharded (FSDP), and a "
-                "failed rank's shard is gone with it; resume from the last periodic checkpoint\n"
+            why_not = f"{self._sharded!r} is sharded (FSDP), and a failed rank's shard is gone with it"
+        elif self._in_optimizer_step:
+            why_not = (
+                "the failure came in the middle of optimizer.step(), so its replica is neither the last step's "
+                "nor this one's"
             )
+        if why_not is not None:
+            sys.stderr.write(f"tether: rank {rank} saved no emergency checkpoint: {why_not}\n")
+            if ctx.channel is not None:  # the report's line (a consistent survivor's save, if any, says it later)
+                with contextlib.suppress(Exception):
+                    ctx.channel.announce_emergency(f"rank {rank}: {why_not}", 0.0)
             return
         position = _next(epoch, iteration, self.position.step + 1) if self._stepped else self.position
         if ctx.channel is None or not ctx.channel.claim_emergency(rank, CLAIM_WINDOW):
@@ -292,21 +321,43 @@ class Checkpointer:
         except Exception as exc:  # a full disk must not kill training: the next save tries again
             log.warning("tether: the periodic checkpoint of step %d failed: %s", position.step, exc)
 
+    def _save_sharded(self, position: Position, randomness: Any) -> None:
+        """A periodic save of sharded state: every rank writes its shards with DCP, synchronously.
+
+        Rank 0 empties the temporary directory first (a barrier orders it), writes the
+        position and random states beside DCP's files, then the manifest, and renames.
+        """
+        ctx = current()
+        rank, world = ctx.backend.topology.rank, ctx.backend.topology.world_size
+        assert self._sharded is not None
+        final = self.dirname / f"step-{position.step:08d}"
+        tmp = self.dirname / f".tmp-step-{position.step:08d}-dcp"
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a save killed before, at the same step
+            tmp.mkdir(parents=True)
+        syncs.barrier()
+        _sharded.save(self.objects, self._sharded, tmp)  # returns once every rank's shards are written
+        if rank != 0:
+            return
+        torch.save({"position": dataclasses.asdict(position), "random": randomness}, str(tmp / "state.pt"))
+        for path in sorted(tmp.iterdir()):
+            _fsync(path)
+        manifest = {**_manifest(position, world, emergency=False), "layout": "dcp", "sha256": _digest_files(tmp)}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if final.exists():
+            shutil.rmtree(tmp)
+            return
+        os.rename(tmp, final)
+        _fsync_dir(self.dirname)
+        self._rotate()
+
     def _write(self, state: dict[str, Any], position: Position, world: int, emergency: bool) -> Path:
         final = self.dirname / f"step-{position.step:08d}"
         tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}"
         tmp.mkdir(parents=True, exist_ok=True)
         torch.save(state, str(tmp / "state.pt"))  # torch's own writer: no Python callback per block
         _fsync(tmp / "state.pt")
-        manifest = {
-            "format": FORMAT,
-            "step": position.step,
-            "epoch": position.epoch,
-            "iteration": position.iteration,
-            "world_size": world,
-            "sha256": _digest(tmp / "state.pt"),
-            "emergency": emergency,
-        }
+        manifest = {**_manifest(position, world, emergency), "sha256": _digest(tmp / "state.pt")}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
         if final.exists():  # the same step saved before (a periodic save, then an emergency one)
             shutil.rmtree(tmp)
@@ -333,8 +384,11 @@ class Checkpointer:
         candidates = sorted(
             ((int(m.group(1)), p) for p in self.dirname.iterdir() if (m := _NAME.match(p.name))), reverse=True
         )
+        layout = "dcp" if self._sharded is not None else "replicated"
         for step, path in candidates:
             why, manifest = _check(path, world)
+            if why is None and manifest.get("layout", "replicated") != layout:
+                why = f"saved from {manifest.get('layout', 'replicated')} state, and this Checkpointer's is {layout}"
             if why is None:
                 return step, path, manifest
             log.warning("tether: checkpoint %s refused: %s", path, why)
@@ -384,18 +438,20 @@ def _set_random_state(saved: Mapping[str, Any]) -> None:
         numpy.random.set_state(saved["numpy"])
 
 
-def _sharded(objects: Mapping[str, Any]) -> str | None:
-    """The name of an object whose state is sharded across ranks (FSDP, DTensor parameters), if any."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch built without distributed
-        return None
-    for name, obj in objects.items():
-        if isinstance(obj, torch.nn.Module) and (
-            type(obj).__name__ == "FullyShardedDataParallel" or any(isinstance(p, DTensor) for p in obj.parameters())
-        ):
-            return repr(name)
-    return None
+def _sharded_name(objects: Mapping[str, Any]) -> str | None:
+    """The name of the object whose state is sharded across ranks (FSDP), if any."""
+    return next((name for name, obj in objects.items() if _sharded.is_sharded(obj)), None)
+
+
+def _manifest(position: Position, world: int, emergency: bool) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "step": position.step,
+        "epoch": position.epoch,
+        "iteration": position.iteration,
+        "world_size": world,
+        "emergency": emergency,
+    }
 
 
 def _next(epoch: int, iteration: int, done: int) -> Position:
@@ -412,7 +468,7 @@ def _check(path: Path, world: int) -> tuple[str | None, dict[str, Any]]:
     if manifest.get("world_size") != world:
         return f"saved by a job of {manifest.get('world_size')} ranks, this one has {world}", manifest
     try:
-        digest = _digest(path / "state.pt")
+        digest = _digest_files(path) if manifest.get("layout") == "dcp" else _digest(path / "state.pt")
     except OSError as exc:
         return f"no state.pt ({type(exc).__name__})", manifest
     if digest != manifest.get("sha256"):
@@ -425,6 +481,17 @@ def _digest(path: Path) -> str:
     with open(path, "rb") as fp:
         for block in iter(lambda: fp.read(1 << 20), b""):
             h.update(block)
+    return h.hexdigest()
+
+
+def _digest_files(directory: Path) -> str:
+    """One SHA-256 over every file of a DCP checkpoint but the manifest, names included."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.name != "manifest.json"):
+        h.update(path.name.encode() + b"\0")
+        with open(path, "rb") as fp:
+            for block in iter(lambda: fp.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()
 
 

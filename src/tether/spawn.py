@@ -394,8 +394,8 @@ def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw
         _leaving("returned from the function")
     except BaseException as exc:
         if not is_success(exc):  # sys.exit(0) is a normal end
-            code = exit_code_for(exc)
-            report_failure(exc)
+            behind = report_failure(exc)  # a raw backend error may have a peer's failure behind it
+            code = exit_code_for(behind if isinstance(behind, BaseException) else exc)
         else:
             _leaving("called sys.exit(0)")
     finally:
