@@ -174,15 +174,6 @@ class NativeBackend(Backend):
             **kwargs,
         )
 
-    @classmethod
-    def create(
-        cls, backend: str, topology: Topology, store: Store, timeout: datetime.timedelta | None
-    ) -> NativeBackend:
-        """``prepare`` and ``create_group`` in one (the group is made outside any watchdog)."""
-        self = cls.prepare(backend, topology)
-        self.create_group(store, timeout)
-        return self
-
     def backend(self) -> str | None:
         return self._backend
 
