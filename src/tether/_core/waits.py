@@ -25,7 +25,9 @@ deletes the two keys of the group's previous gate, after the others are released
 **Collectives** are issued with ``async_op=True`` and waited on with a ``threading.Event``
 that both the work's completion callback and the watchdog can set, so a failure posted
 anywhere wakes the caller within milliseconds (``benchmarks/results/faults.md``); gloo
-cannot be woken any other way. A collective still waiting after ``check_after`` seconds
+cannot be woken any other way. On NCCL, whose futures complete when the kernel is
+enqueued, the wait polls ``work.is_completed()`` instead, in short slices on an event only
+the watchdog sets (``_wait_polled``; ``docs/nccl.md``). A collective still waiting after ``check_after`` seconds
 adds its signature to the same gate counter, so a rank in a different sync is found (the
 slow path; free when fast), and takes it back once done: the last to leave deletes it.
 
