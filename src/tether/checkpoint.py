@@ -68,24 +68,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
-import json
 import logging
 import os
-import random
-import re
 import shutil
 import signal
 import sys
 import threading
-import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import _sharded, collectives, syncs
+from . import _ckpt_files as _files
+from . import _randomness, _sharded, collectives, syncs
 from ._core.runtime import current
 from ._core.verdicts import failure_behind_raw
 from .errors import PeerFailure, SyncMismatch, SyncTimeout, TetherError
@@ -94,8 +90,6 @@ log = logging.getLogger("tether")
 
 __all__ = ["Checkpointer", "Position"]
 
-FORMAT = 1
-_NAME = re.compile(r"^step-(\d+)$")
 # what a survivor of these may vouch for (its own exceptions are not a peer's failure)
 _PEER_FAILURES = (PeerFailure, SyncTimeout, SyncMismatch)
 
@@ -204,7 +198,7 @@ class Checkpointer:
                 obj.load_state_dict(state["objects"][name])
         randomness = state.get("random")
         if isinstance(randomness, list) and len(randomness) == world:
-            _set_random_state(randomness[ctx.backend.topology.rank])
+            _randomness.restore(randomness[ctx.backend.topology.rank])
         elif self.seed is None:
             log.warning(
                 "tether: the checkpoint of step %d carries no random states (an emergency save cannot hold a "
@@ -226,7 +220,7 @@ class Checkpointer:
         saving = self.every is not None and done % self.every == 0
         try:
             yield
-            randomness = collectives.all_gather(_random_state()) if saving else None  # every rank's, at this point
+            randomness = collectives.all_gather(_randomness.state()) if saving else None  # every rank's, at this point
         except _PEER_FAILURES as exc:
             self._stopped(exc, epoch, iteration)
             raise
@@ -341,52 +335,45 @@ class Checkpointer:
             return
         torch.save({"position": dataclasses.asdict(position), "random": randomness}, str(tmp / "state.pt"))
         for path in sorted(tmp.iterdir()):
-            _fsync(path)
-        manifest = {**_manifest(position, world, emergency=False), "layout": "dcp", "sha256": _digest_files(tmp)}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        if final.exists():
-            shutil.rmtree(tmp)
-            return
-        os.rename(tmp, final)
-        _fsync_dir(self.dirname)
-        self._rotate()
+            _files.fsync(path)
+        found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency=False)
+        _files.write_manifest(tmp, {**found, "layout": "dcp", "sha256": _files.digest_files(tmp)})
+        self._publish(tmp, final)
 
     def _write(self, state: dict[str, Any], position: Position, world: int, emergency: bool) -> Path:
         final = self.dirname / f"step-{position.step:08d}"
         tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}"
         tmp.mkdir(parents=True, exist_ok=True)
         torch.save(state, str(tmp / "state.pt"))  # torch's own writer: no Python callback per block
-        _fsync(tmp / "state.pt")
-        manifest = {**_manifest(position, world, emergency), "sha256": _digest(tmp / "state.pt")}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        _files.fsync(tmp / "state.pt")
+        found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency)
+        _files.write_manifest(tmp, {**found, "sha256": _files.digest(tmp / "state.pt")})
+        return self._publish(tmp, final)
+
+    def _publish(self, tmp: Path, final: Path) -> Path:
+        """Rename a complete ``.tmp-`` directory to its final name, then rotate."""
         if final.exists():  # the same step saved before (a periodic save, then an emergency one)
             shutil.rmtree(tmp)
             return final
         os.rename(tmp, final)
-        _fsync_dir(self.dirname)
+        _files.fsync_dir(self.dirname)
         self._rotate()
         return final
 
     def _rotate(self) -> None:
         if self.keep is None:
             return
-        steps = sorted(int(m.group(1)) for p in self.dirname.iterdir() if (m := _NAME.match(p.name)))
-        for step in steps[: -self.keep]:
-            shutil.rmtree(self.dirname / f"step-{step:08d}", ignore_errors=True)
+        for _, path in _files.steps(self.dirname)[self.keep :]:
+            shutil.rmtree(path, ignore_errors=True)
 
     # --- finding ----------------------------------------------------------------------------
 
     def _newest(self, world: int) -> tuple[int, Path, dict[str, Any]] | None:
         """The newest checkpoint that passes every check; the others are refused with a warning."""
         self._foreign = []  # "step-8: 4 ranks", for resume's error
-        if not self.dirname.is_dir():
-            return None
-        candidates = sorted(
-            ((int(m.group(1)), p) for p in self.dirname.iterdir() if (m := _NAME.match(p.name))), reverse=True
-        )
         layout = "dcp" if self._sharded is not None else "replicated"
-        for step, path in candidates:
-            why, manifest = _check(path, world)
+        for step, path in _files.steps(self.dirname):
+            why, manifest = _files.check(path, world)
             if why is None and manifest.get("layout", "replicated") != layout:
                 why = f"saved from {manifest.get('layout', 'replicated')} state, and this Checkpointer's is {layout}"
             if why is None:
@@ -396,46 +383,12 @@ class Checkpointer:
                 self._foreign.append(f"{path.name}: {manifest['world_size']} ranks")
         return None
 
-    # --- randomness -------------------------------------------------------------------------
-
     def _seed(self, step: int, rank: int) -> None:
-        if self.seed is None:
-            return
-        value = zlib.crc32(f"{self.seed}/{step}/{rank}".encode())
-        torch.manual_seed(value)
-        random.seed(value)
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            numpy.random.seed(value)
+        if self.seed is not None:
+            _randomness.seed_step(self.seed, step, rank)
 
 
 CLAIM_WINDOW = 0.25  # seconds survivors offer to write the emergency save before the lowest claims it
-
-
-def _random_state() -> dict[str, Any]:
-    """This process's random states: torch (and CUDA's, where initialised), Python's, NumPy's (if imported)."""
-    numpy = sys.modules.get("numpy")
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if _cuda_in_use() else None,
-        "python": random.getstate(),
-        "numpy": numpy.random.get_state() if numpy is not None else None,
-    }
-
-
-def _cuda_in_use() -> bool:
-    """CUDA is available and this process already uses it (asking never initialises it)."""
-    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-
-
-def _set_random_state(saved: Mapping[str, Any]) -> None:
-    torch.set_rng_state(saved["torch"])
-    if saved.get("cuda") is not None and torch.cuda.is_available():  # saved by a rank that used CUDA
-        torch.cuda.set_rng_state_all(saved["cuda"])
-    random.setstate(saved["python"])
-    numpy = sys.modules.get("numpy")
-    if saved.get("numpy") is not None and numpy is not None:
-        numpy.random.set_state(saved["numpy"])
 
 
 def _sharded_name(objects: Mapping[str, Any]) -> str | None:
@@ -443,73 +396,8 @@ def _sharded_name(objects: Mapping[str, Any]) -> str | None:
     return next((name for name, obj in objects.items() if _sharded.is_sharded(obj)), None)
 
 
-def _manifest(position: Position, world: int, emergency: bool) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "step": position.step,
-        "epoch": position.epoch,
-        "iteration": position.iteration,
-        "world_size": world,
-        "emergency": emergency,
-    }
-
-
 def _next(epoch: int, iteration: int, done: int) -> Position:
     return Position(epoch, iteration + 1, done)
-
-
-def _check(path: Path, world: int) -> tuple[str | None, dict[str, Any]]:
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError) as exc:
-        return f"no readable manifest ({type(exc).__name__})", {}
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return f"format {manifest.get('format') if isinstance(manifest, dict) else '?'}, not {FORMAT}", {}
-    if manifest.get("world_size") != world:
-        return f"saved by a job of {manifest.get('world_size')} ranks, this one has {world}", manifest
-    try:
-        digest = _digest_files(path) if manifest.get("layout") == "dcp" else _digest(path / "state.pt")
-    except OSError as exc:
-        return f"no state.pt ({type(exc).__name__})", manifest
-    if digest != manifest.get("sha256"):
-        return "state.pt does not match the manifest's checksum", manifest
-    return None, manifest
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fp:
-        for block in iter(lambda: fp.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _digest_files(directory: Path) -> str:
-    """One SHA-256 over every file of a DCP checkpoint but the manifest, names included."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in directory.iterdir() if p.name != "manifest.json"):
-        h.update(path.name.encode() + b"\0")
-        with open(path, "rb") as fp:
-            for block in iter(lambda: fp.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 class _Held:
