@@ -210,8 +210,8 @@ _BITWISE = ("AND", "OR")  # ignite's names for BAND/BOR, which NCCL does not hav
 def check_op_on_backend(op: str, backend: str | None) -> None:
     """A reduction the group's backend lacks: the same clear error on every rank, before any data moves.
 
-    NCCL has no bitwise reductions; without this check it fails inside the collective
-    with "Cannot use ReduceOp.BAND with NCCL" on some ranks only if the group is mixed.
+    NCCL has no bitwise reductions; without this check NCCL raises inside the collective
+    ("Cannot use ReduceOp.BAND with NCCL"), once the ranks are in it.
     """
     if backend == "nccl" and op in _BITWISE:
         raise ValueError(
