@@ -90,7 +90,7 @@ def test_happy_path_across_two_nodes(launcher: str) -> None:
     assert_nothing_left(result, evs)
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", ["spawn", pytest.param("torchrun", marks=pytest.mark.full)])
 def test_one_rank_first_local_waits_per_node(launcher: str) -> None:
     result, evs = run(launcher, "local_first")
     assert result.returncode == 0, result.output[-4000:]
