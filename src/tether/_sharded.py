@@ -2,10 +2,10 @@
 
 With FSDP each rank holds a shard of the model and optimizer, so no rank can save the
 whole state alone: every rank writes its shard with DCP (``dcp.save``, a collective),
-into one directory, and every rank reads its shard back with ``dcp.load``. DCP's own
-files hold the layout, so a resume can also re-shard. tether's checks still apply (one
-manifest, one checksum over every file), but only periodic saves exist for such state: an
-emergency save would need the failed rank's shard.
+into one directory, and every rank reads its shard back with ``dcp.load``. tether's
+checks still apply (one manifest, one checksum over every file, the same world size: a
+sampler's position means other samples at another size), and only periodic saves exist
+for such state: an emergency save would need the failed rank's shard.
 
 The state dicts come from ``torch.distributed.checkpoint.state_dict`` (keys by parameter
 name, also for the optimizer), for the one sharded module of the Checkpointer's objects
