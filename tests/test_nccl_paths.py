@@ -117,6 +117,8 @@ def test_a_wait_on_nccl_times_out_on_every_rank() -> None:
     assert sorted(events) == [0, 1], res.output[-3000:]
     assert all(e["exc"] == "SyncTimeout" for e in events.values()), events
     assert "did not arrive" in events[0]["msg"] and "rank 1" in events[0]["msg"], events[0]
+    # the root cause is the rank that did not arrive, never the one that waited
+    assert "Root cause: rank 1 failed: SyncTimeout: all_reduce(SUM, float32[4]) #2 timed out" in res.stderr, res.stderr
     (waited,) = lc_events(res, "waited")
     assert 1.0 <= waited["elapsed"] < 3.0, waited
     (launcher,) = lc_events(res, "launcher")
