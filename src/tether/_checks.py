@@ -191,8 +191,13 @@ def check_timeout(timeout: object, name: str) -> float | None:
     return float(timeout)
 
 
+_NUMBERS = frozenset({int, float})
+
+
 def check_input(tensor: object, kinds: tuple[type, ...], name: str) -> None:
     """The data argument of a collective: one of ``kinds``."""
+    if type(tensor) in _NUMBERS and Number in kinds:  # the common case, without the ABC check of ``Number``
+        return
     if not isinstance(tensor, kinds):
         names = ", ".join(k.__name__ for k in kinds)
         raise TypeError(f"Unhandled input type {type(tensor)}; {name} takes one of: {names}")

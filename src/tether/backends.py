@@ -27,6 +27,8 @@ from . import _checks, _devices
 from ._core.nccl import ABORT_BUDGET, abort_in_background
 from ._env import Topology, env_int
 
+_CPU = torch.device("cpu")
+
 REDUCE_OPS: dict[str, dist.ReduceOp.RedOpType] = {  # ignite's names
     "SUM": dist.ReduceOp.SUM,
     "PRODUCT": dist.ReduceOp.PRODUCT,
@@ -204,7 +206,7 @@ class NativeBackend(Backend):
     def comm_device(self) -> torch.device:
         if self._backend == "nccl":
             return _bound_device() or torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        return _CPU
 
     @property
     def completes_at_enqueue(self) -> bool:

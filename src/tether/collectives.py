@@ -79,14 +79,12 @@ _SIGNATURE_BYTES = 96  # what each rank tells the others of its call, with ``che
 
 
 def _agree(ctx: Context, group: Group, signature: str, timeout: float | None) -> None:
-    """With ``check_collectives``: raise ``SyncMismatch`` unless every member passes the same.
+    """Raise ``SyncMismatch`` unless every member passes the same (with ``check_collectives``).
 
     Every member all-gathers its call's signature (``all_reduce(SUM, float32[2, 3])``, at
     most 96 bytes), so every member learns every other's call and raises the same error,
     before any data moves: no rank crashes on mismatched buffers or returns garbage.
     """
-    if not ctx.settings.check_collectives:
-        return
     text = signature.encode()[:_SIGNATURE_BYTES].ljust(_SIGNATURE_BYTES, b"\0")
     mine = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(ctx.backend.comm_device())
     out = [torch.empty_like(mine) for _ in group.members]
@@ -118,8 +116,21 @@ def _fill(target: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     return target
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _number(x: object, device: torch.device) -> torch.Tensor:
-    """A 0-d tensor holding ``x`` exactly: int64, float64, complex128 or bool."""
+    """A 0-d tensor holding ``x`` exactly: int64, float64, complex128 or bool.
+
+    A plain int or float takes ``scalar_tensor`` (about 1 us here, ``torch.tensor`` 2.5):
+    this runs before the collective is issued, and Python there delays every rank's
+    send. On this 2-core machine about 5 us more of it made a 2-rank all_reduce of one
+    int cost 1.2x raw ``dist.all_reduce`` (``benchmarks/results/sync.md``).
+    """
+    if type(x) is int and _INT64_MIN <= x <= _INT64_MAX:  # out of range: torch.tensor's error
+        return torch.scalar_tensor(x, dtype=torch.int64, device=device)
+    if type(x) is float:
+        return torch.scalar_tensor(x, dtype=torch.float64, device=device)
     if isinstance(x, bool):
         return torch.tensor(x, dtype=torch.bool, device=device)
     if isinstance(x, Integral):
@@ -164,11 +175,12 @@ def all_reduce(
         backend = c10d.get_backend(members.pg) if members.pg is not None else ctx.backend.backend()
         _checks.check_op_on_backend(op, backend)
     t = _staged(ctx, tensor) if isinstance(tensor, torch.Tensor) else _number(tensor, ctx.backend.comm_device())
-    signature = f"all_reduce({op}, {_describe(t)})"
-    _agree(ctx, members, signature, timeout)
+    if ctx.settings.check_collectives:
+        _agree(ctx, members, f"all_reduce({op}, {_describe(t)})", timeout)
     ctx.check()  # never send into a job that already failed: the work would outlive the rank
     work = c10d.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
-    _run(ctx, work, members, signature, timeout)
+    # what follows the issue overlaps the transfer; only the checks above delay it
+    _run(ctx, work, members, f"all_reduce({op}, {_describe(t)})", timeout)
     if isinstance(tensor, torch.Tensor):
         return _fill(tensor, t)
     return cast(float, _read(ctx, t, _item))
@@ -179,12 +191,12 @@ def _gather_tensor(
 ) -> torch.Tensor:
     if t.ndim == 0:
         t = t.unsqueeze(0)
-    signature = f"{signature}({_describe(t)})"
-    _agree(ctx, members, signature, timeout)
+    if ctx.settings.check_collectives:
+        _agree(ctx, members, f"{signature}({_describe(t)})", timeout)
     out = [torch.empty_like(t) for _ in members.members]
     ctx.check()
     work = c10d.all_gather(out, t, group=members.pg, async_op=True)
-    _run(ctx, work, members, signature, timeout)
+    _run(ctx, work, members, f"{signature}({_describe(t)})", timeout)  # built while the data moves
     return torch.cat(out, dim=0)
 
 
@@ -354,11 +366,11 @@ def broadcast(
     device = ctx.backend.comm_device()
 
     def send(t: torch.Tensor, what: str) -> torch.Tensor:
-        signature = f"broadcast(src={src}, {what})"
-        _agree(ctx, members, signature, timeout)
+        if ctx.settings.check_collectives:
+            _agree(ctx, members, f"broadcast(src={src}, {what})", timeout)
         ctx.check()
         work = c10d.broadcast(t, src=src, group=members.pg, async_op=True)
-        _run(ctx, work, members, signature, timeout)
+        _run(ctx, work, members, f"broadcast(src={src}, {what})", timeout)  # built while the data moves
         return t
 
     def send_bytes(data: bytes, what: str) -> bytes:

@@ -100,6 +100,7 @@ class _TetherHook:
         self._ctx = ctx
         self._inner = inner
         self._group = group
+        self._size = dist.get_world_size(group)  # fixed for the group's life; asked once, not per bucket
         self.__qualname__ = self.__name__ = f"tether_hook({getattr(inner, '__name__', 'allreduce')})"
 
     def __call__(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -108,7 +109,7 @@ class _TetherHook:
         if self._inner is not None:
             work = self._inner(state, bucket)
         else:  # DDP's own all-reduce; its future's value is a list, unpacked in settle (one hop less)
-            tensor = bucket.buffer().div_(dist.get_world_size(self._group))
+            tensor = bucket.buffer().div_(self._size)
             work = c10d.all_reduce(tensor, group=self._group, async_op=True).get_future()
         if watchdog is None:  # no failure channel (one process): nothing can fail it
             return work if self._inner is not None else work.then(_first)

@@ -42,7 +42,11 @@ def new_group(ranks: list[int], **kwargs: Any) -> Any:
 
 
 def world(ctx: Context) -> Group:
-    return Group("w", tuple(range(ctx.backend.topology.world_size)), None)
+    """Every rank of the job (made once per context: it is on every collective's happy path)."""
+    group = ctx.world
+    if group is None:
+        group = ctx.world = Group("w", tuple(range(ctx.backend.topology.world_size)), None)
+    return group
 
 
 def node(ctx: Context) -> Group:

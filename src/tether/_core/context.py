@@ -18,6 +18,7 @@ from torch._C._distributed_c10d import Store
 
 from ..backends import Backend
 from .channel import Channel
+from .group import Group
 from .record import FailureRecord, error_from_record, record_from_exception
 from .watchdog import Watchdog
 
@@ -63,6 +64,7 @@ class Context:
     seqs: dict[str, int] = dataclasses.field(default_factory=dict)
     last_gate: dict[str, int] = dataclasses.field(default_factory=dict)  # group -> seq of its last store gate
     groups: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict)  # list -> ProcessGroup
+    world: Group | None = None  # every rank, made on first use (``groups.world``)
     hooks: Any = None  # hooks.Hooks, installed while this context is
     posted: list[tuple[BaseException, FailureRecord]] = dataclasses.field(default_factory=list)  # own failures
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
