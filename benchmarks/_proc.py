@@ -14,6 +14,7 @@ import importlib.util
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -253,3 +254,28 @@ def add_driver_options(parser: Any, note: str = "the markdown copy", each: str =
         "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
     )
     parser.add_argument("--note", default="", help=f"a paragraph to put under the title of {note}")
+
+
+# --- ratios measured side by side --------------------------------------------------------------
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """Lower quartile, median, upper quartile (min and max for fewer than 4 values)."""
+    if len(xs) >= 4:
+        q1, _, q3 = statistics.quantiles(xs, n=4)
+        return q1, statistics.median(xs), q3
+    return min(xs), statistics.median(xs), max(xs)
+
+
+def paired_ratios(xs: list[float], base: list[float]) -> tuple[float, float, float]:
+    """Quartiles of the per-round ratios ``xs[i] / base[i]`` (batches of a round ran side by side)."""
+    return quartiles([a / b for a, b in zip(xs, base, strict=True)])
+
+
+def verdict(q1: float, q3: float, limit: float) -> str:
+    """*met* when the upper quartile is within ``limit``, *not met* when the IQR crosses it."""
+    if q3 <= limit:
+        return "met"
+    if q1 <= limit:
+        return "not met (its IQR crosses the target)"
+    return "MISSED"

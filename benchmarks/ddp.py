@@ -56,7 +56,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -173,16 +172,11 @@ def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
 # --- the driver ----------------------------------------------------------------------------
 
 
-def _quartiles(xs: list[float]) -> tuple[float, float, float]:
-    if len(xs) >= 4:
-        q1, med, q3 = statistics.quantiles(xs, n=4)
-        return q1, statistics.median(xs), q3
-    return min(xs), statistics.median(xs), max(xs)
-
-
 def _ratios(model: dict[str, Any]) -> tuple[float, float, float]:
     """Quartiles of the per-round ratios hook/plain."""
-    return _quartiles([h / p for h, p in zip(model["hook_ms"], model["plain_ms"], strict=True)])
+    import _proc
+
+    return _proc.paired_ratios(model["hook_ms"], model["plain_ms"])
 
 
 def _label(model: dict[str, Any]) -> str:
@@ -236,17 +230,14 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def verdicts(results: list[dict[str, Any]]) -> list[str]:
+    import _proc
+
     out = []
     for res in results:
         for model in res["models"]:
             limit = TARGETS[model["model"]]
             q1, ratio, q3 = _ratios(model)
-            if q3 <= limit:
-                verdict = "met"
-            elif q1 <= limit:
-                verdict = "not met (its IQR crosses the target)"
-            else:
-                verdict = "MISSED"
+            verdict = _proc.verdict(q1, q3, limit)
             mb = model["bytes"] / 1e6
             out.append(
                 f"{res['world']} ranks: {model['model']} model ({mb:.0f} MB): hook/plain = {ratio:.3f}x "
