@@ -169,7 +169,9 @@ def _contenders(world: int, quick: bool) -> list[tuple[str, str, Callable[[], ob
 
 
 def _calibrate(contenders: list[tuple[str, str, Callable[[], object], int]], batch_s: float) -> list[int]:
-    """Calls per batch, so that each batch lasts about ``batch_s`` (the same on every rank).
+    """Calls per batch, so that each batch of a row's fastest contender lasts about ``batch_s``.
+
+    Every contender of a row makes the same number of calls, on every rank.
 
     Short batches are dominated by the machine's slow noise (a batch of 50 calls of
     300 us: IQR 30-50 % here); batches of a quarter second narrow it several times.
@@ -177,14 +179,15 @@ def _calibrate(contenders: list[tuple[str, str, Callable[[], object], int]], bat
     import torch
     import torch.distributed as dist
 
-    counts = []
-    for _, _, call, n in contenders:
+    fastest: dict[str, float] = {}  # per row: the contenders of a row make the same number of calls
+    for row, _, call, n in contenders:
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(n):
             call()
         per_call = (time.perf_counter() - t0) / n
-        counts.append(max(n, min(20_000, round(batch_s / per_call))))
+        fastest[row] = min(per_call, fastest.get(row, per_call))
+    counts = [max(n, min(20_000, round(batch_s / fastest[row]))) for row, _, _, n in contenders]
     agreed = torch.tensor(counts, dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank must make the same number of calls
     return [int(c) for c in agreed.tolist()]

@@ -110,7 +110,7 @@ class _TetherHook:
             work = self._inner(state, bucket)
         else:  # DDP's own all-reduce; its future's value is a list, unpacked in settle (one hop less)
             tensor = bucket.buffer().div_(self._size)
-            work = c10d.all_reduce(tensor, group=self._group, async_op=True).get_future()
+            work = self._group.allreduce([tensor], _SUM).get_future()  # what DDP's C++ hook calls
         if watchdog is None:  # no failure channel (one process): nothing can fail it
             return work if self._inner is not None else work.then(_first)
         parent: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -131,6 +131,11 @@ class _TetherHook:
             failables.add(parent, time.monotonic() + timeout, functools.partial(_expire, self._ctx, timeout))
         work.add_done_callback(settle)
         return parent.then(_value)
+
+
+_SUM = c10d.AllreduceOptions()  # an asynchronous sum: DDP's bucket, straight to its group (never changed)
+_SUM.reduceOp = c10d.ReduceOp(c10d.ReduceOp.SUM)
+_SUM.asyncOp = True
 
 
 def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
