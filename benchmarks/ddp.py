@@ -11,7 +11,11 @@ default ``benchmarks/results/ddp.md`` and ``ddp.json``.
 What is compared: one training step (forward, loss, backward, ``optimizer.step()`` of
 SGD, ``zero_grad()``) of ``torch.nn.parallel.DistributedDataParallel`` as torch ships it
 (its built-in C++ all-reduce, no hook) vs the same DDP with tether's communication hook
-(``tether.register_comm_hook(model)``, which ``tether.auto_model`` registers too), for
+(``tether.register_comm_hook(model)``, which ``tether.auto_model`` registers too), and vs
+torch's own Python hook doing the same all-reduce (``default_hooks.allreduce_hook``): any
+hook divides the bucket in a pass of its own, which DDP's built-in path folds into its
+copy of the gradients (``reducer.cpp``), so the third contender shows what a hook costs
+before tether adds anything, for
 
 * a ~1 MB model (three ``Linear`` layers, 279k float32 parameters, batch 32: a bucket or two),
 * a ~100 MB model (six ``Linear(2048, 2048)``, 25.2M float32 parameters, batch 8: DDP's
@@ -21,10 +25,10 @@ SGD, ``zero_grad()``) of ``torch.nn.parallel.DistributedDataParallel`` as torch 
 Targets: hook/plain <= 1.05x for the ~1 MB model, <= 1.02x for the ~100 MB model.
 
 How: one torchrun job per world size (gloo on CPU, one thread per rank). Each rank calls
-``tether.initialize("gloo")`` and builds, for each model, two DDP instances from the same
-initial weights (a deep copy, and DDP broadcasts rank 0's anyway) in the same process
-over the same process group: the plain one and the hooked one, each with its own SGD.
-Each rank feeds its own fixed batch (seeded by rank), the same to both contenders.
+``tether.initialize("gloo")`` and builds, for each model, three DDP instances from the
+same initial weights (deep copies, and DDP broadcasts rank 0's anyway) in the same process
+over the same process group: the plain one and the two hooked ones, each with its own SGD.
+Each rank feeds its own fixed batch (seeded by rank), the same to every contender.
 
 Caveat, conservative for the hook: once a tether hook is registered,
 ``torch.autograd.backward`` (through which ``loss.backward()`` goes) is wrapped process
@@ -36,12 +40,12 @@ contender is a separate DDP instance on which no hook is ever registered.
 Noise: every contender is warmed up first (past DDP's bucket rebuild at its second
 iteration). Then contenders are interleaved: each *round* runs one timed batch of
 ``--steps`` steps (default 50 for the ~1 MB model, 10 for the ~100 MB one; 20 rounds) of
-every contender, the two contenders of a model back to back in an order swapped from
+every contender, the three contenders of a model back to back in an order rotated from
 round to round (the order of the two models swapped every other round); every batch
 starts aligned on an untimed ``dist.barrier()``, and its cost per step is the slowest
 rank's batch time divided by the step count. The table gives each contender's median
 over rounds with its interquartile range (IQR, % of the median), and the ratio
-hook/plain as the median of the per-round ratios (the two batches of a round ran side by
+hook/plain as the median of the per-round ratios (the batches of a round ran side by
 side, under the same load) with their quartiles. A target is *met* when the upper
 quartile of the ratio is within it, *not met* when the IQR crosses it, *MISSED* when the
 whole IQR is above it. Before each world size the driver waits until the 1-minute load
@@ -70,7 +74,8 @@ if TYPE_CHECKING:
     import torch
 
 TARGETS = {"small": 1.05, "large": 1.02}  # model: max ratio hook/plain
-PLAIN, HOOK = "plain DDP", "DDP + tether hook"
+PLAIN, TORCH_HOOK, HOOK = "plain DDP", "DDP + torch's allreduce_hook", "DDP + tether hook"
+KEYS = ((PLAIN, "plain_ms"), (TORCH_HOOK, "torch_hook_ms"), (HOOK, "hook_ms"))
 WARMUP = 5  # steps per contender before timing (DDP rebuilds its buckets at the 2nd)
 
 
@@ -110,6 +115,7 @@ class _Contender:
 def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
     import torch
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     import tether
@@ -120,30 +126,34 @@ def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
     torch.manual_seed(0)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batch
     models: list[dict[str, Any]] = []
-    pairs: list[tuple[_Contender, _Contender]] = []
+    trios: list[tuple[_Contender, _Contender, _Contender]] = []
     for name, net, width, batch in _models(quick):
         x = torch.randn(batch, width, generator=data)
         out_width = net(x[:1]).shape[1]
         y = torch.randn(batch, out_width, generator=data)
         plain = DistributedDataParallel(copy.deepcopy(net))
+        torch_hooked = DistributedDataParallel(copy.deepcopy(net))
+        torch_hooked.register_comm_hook(None, default_hooks.allreduce_hook)
         hooked = DistributedDataParallel(net)
         tether.register_comm_hook(hooked)
-        pairs.append((_Contender(plain, x, y), _Contender(hooked, x, y)))
+        trios.append((_Contender(plain, x, y), _Contender(torch_hooked, x, y), _Contender(hooked, x, y)))
         params = sum(p.numel() for p in net.parameters())
         nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
         models.append({"model": name, "params": params, "bytes": nbytes, "batch": batch, "steps": steps[name]})
-    for pair in pairs:  # warm up every path (gloo's connections, DDP's bucket rebuild)
-        for c in pair:
+    for trio in trios:  # warm up every path (gloo's connections, DDP's bucket rebuild)
+        for c in trio:
             for _ in range(WARMUP):
                 c.step()
-    # per model: (plain, hook) ms per step, one sample per round
-    samples: list[tuple[list[float], list[float]]] = [([], []) for _ in pairs]
+    # per model: (plain, torch's hook, tether's hook) ms per step, one sample per round
+    samples: list[tuple[list[float], ...]] = [([], [], []) for _ in trios]
     for r in range(rounds):
         model_order = [0, 1] if (r // 2) % 2 == 0 else [1, 0]
         for m in model_order:
-            who_order = [0, 1] if r % 2 == 0 else [1, 0]
+            who_order = [0, 1, 2][r % 3 :] + [0, 1, 2][: r % 3]  # rotated from round to round
+            if r % 2:
+                who_order.reverse()
             for who in who_order:
-                c, n = pairs[m][who], models[m]["steps"]
+                c, n = trios[m][who], models[m]["steps"]
                 dist.barrier()
                 t0 = time.perf_counter()
                 for _ in range(n):
@@ -152,18 +162,23 @@ def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
     # slowest rank per batch: gathered outside any timing
     mine = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    # both instances saw the same data and the same averaged gradients: their weights agree
+    # the instances saw the same data and the same averaged gradients: their weights agree
     drift = torch.tensor(
         [
-            max(float((a - b).abs().max()) for a, b in zip(p.ddp.parameters(), h.ddp.parameters(), strict=True))
-            for p, h in pairs
+            max(
+                float((a - b).abs().max())
+                for other in (t, h)
+                for a, b in zip(p.ddp.parameters(), other.ddp.parameters(), strict=True)
+            )
+            for p, t, h in trios
         ],
         dtype=torch.float64,
     )
     dist.all_reduce(drift, op=dist.ReduceOp.MAX)
     if rank == 0:
         for m, info in enumerate(models):
-            info["plain_ms"], info["hook_ms"] = mine[m][0].tolist(), mine[m][1].tolist()
+            for i, (_, key) in enumerate(KEYS):
+                info[key] = mine[m][i].tolist()
             info["weight_drift"] = float(drift[m])
         print("RESULT " + json.dumps({"world": world, "rounds": rounds, "models": models}), flush=True)
     tether.finalize()
@@ -172,11 +187,11 @@ def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
 # --- the driver ----------------------------------------------------------------------------
 
 
-def _ratios(model: dict[str, Any]) -> tuple[float, float, float]:
-    """Quartiles of the per-round ratios hook/plain."""
+def _ratios(model: dict[str, Any], key: str = "hook_ms", base: str = "plain_ms") -> tuple[float, float, float]:
+    """Quartiles of the per-round ratios ``key``/``base`` (default: tether's hook / plain DDP)."""
     import _proc
 
-    return _proc.paired_ratios(model["hook_ms"], model["plain_ms"])
+    return _proc.paired_ratios(model[key], model[base])
 
 
 def _label(model: dict[str, Any]) -> str:
@@ -214,7 +229,7 @@ def table(results: list[dict[str, Any]]) -> str:
     head = "| model | contender | " + " | ".join(f"{w} ranks ms/step (IQR %) | ratio (IQR)" for w in worlds) + " |"
     lines = [head, "|" + "---|" * (2 + 2 * len(worlds))]
     for m, first in enumerate(results[0]["models"]):
-        for who, key in ((PLAIN, "plain_ms"), (HOOK, "hook_ms")):
+        for who, key in KEYS:
             cells = []
             for res in results:
                 model = res["models"][m]
@@ -222,7 +237,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 if key == "plain_ms":
                     ratio = "1"
                 else:
-                    q1, r, q3 = _ratios(model)
+                    q1, r, q3 = _ratios(model, key)
                     ratio = f"{r:.3f}x ({q1:.3f} to {q3:.3f})"
                 cells.append(f"{med:,.1f} ({iqr:.0f}%) | {ratio}")
             lines.append(f"| {_label(first)} | {who} | " + " | ".join(cells) + " |")
@@ -239,9 +254,11 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
             q1, ratio, q3 = _ratios(model)
             verdict = _proc.verdict(q1, q3, limit)
             mb = model["bytes"] / 1e6
+            t1, vs_torch, t3 = _ratios(model, "hook_ms", "torch_hook_ms")
             out.append(
                 f"{res['world']} ranks: {model['model']} model ({mb:.0f} MB): hook/plain = {ratio:.3f}x "
-                f"(IQR {q1:.3f}x to {q3:.3f}x; target <= {limit}x) {verdict}"
+                f"(IQR {q1:.3f}x to {q3:.3f}x; target <= {limit}x) {verdict}; "
+                f"tether's hook / torch's allreduce_hook = {vs_torch:.3f}x (IQR {t1:.3f}x to {t3:.3f}x)"
             )
     return out
 
@@ -322,14 +339,14 @@ def main() -> None:
             f"ms per training step (forward, MSE loss, backward, SGD step, zero_grad), median of {rounds} "
             f"interleaved rounds of {steps['small']} (small) / {steps['large']} (large) steps per batch, slowest "
             "rank per batch; IQR = interquartile range in % of the median; ratio = median of the per-round ratios "
-            "hook/plain, with their quartiles in parentheses. Both contenders run in the same processes, and "
-            "both pass through tether's process-wide `torch.autograd.backward` wrapper (see the module docstring).",
+            "vs plain DDP, with their quartiles in parentheses. Every contender runs in the same processes, and "
+            "each passes through tether's process-wide `torch.autograd.backward` wrapper (see the module docstring).",
             "",
             table(results),
             "",
             *verdicts(results),
             "",
-            f"Weights of the two instances after the run: max |plain - hook| = {drift:.2g} (same data, same "
+            f"Weights of the three instances after the run: max |plain - hooked| = {drift:.2g} (same data, same "
             "averaged gradients).",
         ]
     )

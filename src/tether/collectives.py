@@ -124,8 +124,9 @@ def _number(x: object, device: torch.device) -> torch.Tensor:
 
     A plain int or float takes ``scalar_tensor`` (about 1 us here, ``torch.tensor`` 2.5):
     this runs before the collective is issued, and Python there delays every rank's
-    send. On this 2-core machine about 5 us more of it made a 2-rank all_reduce of one
-    int cost 1.2x raw ``dist.all_reduce`` (``benchmarks/results/sync.md``).
+    send. With about 5 us more of it, an all_reduce of one int cost 1.29x / 1.24x of raw
+    ``dist.all_reduce`` at 2 / 4 ranks on this 2-core machine (``benchmarks/results/sync.md``
+    as of commit fcd5391).
     """
     if type(x) is int and _INT64_MIN <= x <= _INT64_MAX:  # out of range: torch.tensor's error
         return torch.scalar_tensor(x, dtype=torch.int64, device=device)
