@@ -107,6 +107,16 @@ def test_initialize_and_finalize_three_times_in_one_process_on_each_init_method(
     check_cycles(res, METHODS)
 
 
+@pytest.mark.timeout(90)
+def test_a_rank_reinitializing_on_the_same_port_waits_until_a_slow_hosts_old_store_has_closed() -> None:
+    # env:// reuses one port: a rank that returned from finalize before the host closed its
+    # store reached the old store in the next round, lost it, and left its peer waiting in
+    # the new one until the job's bound (seen once in CI under load; 0.3 s forces it)
+    res = python("lifecycle_cycles.py", "tether", "env", bound=60.0, env={"LIFECYCLE_SLOW_HOST": "0.3"})
+    check_cycles(res, ("env",))
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
 @pytest.mark.timeout(180)
 def test_initialize_and_finalize_three_times_under_torchrun_where_the_agent_store_outlives_rounds() -> None:
     res = torchrun("lifecycle_cycles.py", "torchrun", "tether", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})

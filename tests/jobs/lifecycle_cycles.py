@@ -21,10 +21,16 @@ during and after the round, ``all_reduce(rank + 1)``, ``all_gather(100 * round +
 rank 0 waited in a barrier that rank 1 reaches 0.5 s late (a stale key from an earlier round
 would release it at once). After round 0 both ranks do local work for 6 s, longer than the
 default grace (5 s). An exception is reported as ``LC {"event": "error", ...}`` and ends the rank.
+
+With ``LIFECYCLE_SLOW_HOST=S`` in the environment, rank 0 (the host of the ``env://`` store)
+sleeps S seconds at the end of each ``finalize``'s farewell, between its peer's last word
+and the store's close, as a loaded machine may; the local work after round 0 is skipped.
+A rank that does not wait for the old store to close reaches it on the next round's port.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -65,7 +71,24 @@ def one_round(kind: str, init_method: str | None, rank: int, k: int) -> dict[str
     return out
 
 
+def slow_host(rank: int, seconds: float) -> None:
+    """Make this rank, if it hosts the store, slow between its farewell and the store's close."""
+    from tether._core import runtime
+
+    leave = runtime._leave
+
+    def slow(ctx: object) -> None:
+        leave(ctx)  # type: ignore[arg-type]
+        if rank == 0:
+            time.sleep(seconds)
+
+    runtime._leave = slow  # type: ignore[assignment]
+
+
 def rank_main(kind: str, method: str, rank: int, addresses: list[str | None]) -> None:
+    slowed = float(os.environ.get("LIFECYCLE_SLOW_HOST", "0"))
+    if slowed:
+        slow_host(rank, slowed)
     for k in range(ROUNDS):
         try:
             out = one_round(kind, addresses[k], rank, k)
@@ -73,7 +96,7 @@ def rank_main(kind: str, method: str, rank: int, addresses: list[str | None]) ->
             emit("error", method=method, rank=rank, round=k, exc=type(exc).__name__, msg=safe_str(exc)[:300])
             raise
         emit("round", method=method, rank=rank, **out)
-        if k == 0:
+        if k == 0 and not slowed:
             time.sleep(LOCAL_WORK)
 
 
@@ -93,8 +116,6 @@ def main() -> None:
         rank_main(kind, method, rank, [a or None for a in sys.argv[5:]])
         return
     if sys.argv[1] == "torchrun":  # a rank under torchrun
-        import os
-
         rank_main(sys.argv[2], "torchrun", int(os.environ["RANK"]), [None] * ROUNDS)
         return
     kind, methods = sys.argv[1], sys.argv[2:]
@@ -110,7 +131,7 @@ def main() -> None:
                 with open(files[name], "wb") as err:
                     argv = [__file__, "rank", kind, method, str(rank), *[a or "" for a in addrs]]
                     procs[name] = start(argv, env=env, stderr=err)
-        codes = wait_all(procs, bound=100.0)
+        codes = wait_all(procs, bound=40.0 if os.environ.get("LIFECYCLE_SLOW_HOST") else 100.0)
         for name in procs:
             method, rank = name.split("/")
             for line in files[name].read_text(errors="replace").splitlines():

@@ -99,6 +99,11 @@ def body(local_rank: int, signame: str, out: str) -> None:
 
 def main() -> None:
     launcher, signame, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    # A shell starts a background job (``cmd &``, ``nohup``) with SIGINT ignored, and every
+    # process of the job inherits it; tether, as Python, leaves an ignored signal ignored.
+    # This job tests the handler, not the shell that ran the suite: restore Python's own.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if launcher == "spawn":
         try:
             tether.spawn("gloo", body, (signame, out), nproc_per_node=2, grace=1.0)
