@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/resume.py                 # 2 and 4 ranks, ~5 minutes on 2 cores
     python benchmarks/resume.py --ranks 2 --repeats 1
+    python benchmarks/resume.py --step-time-pairs 4 --out benchmarks/results/resume-steptime.md
 
 Every job is ``torchrun --max-restarts 1`` on loopback (gloo, one thread per rank) of this
 file's worker: a DDP model from ``tether.auto_model`` trained for ``--steps`` steps
@@ -162,6 +163,47 @@ def step_time(evs: list[dict[str, object]]) -> float:
     return statistics.median(times)
 
 
+def step_mean(evs: list[dict[str, object]]) -> float:
+    """Mean step time after the first 5 steps: the throughput, save steps included."""
+    times = [float(e["seconds"]) for e in evs if e["event"] == "step" and int(e["step"]) >= 5]  # type: ignore[call-overload]
+    return statistics.fmean(times)
+
+
+def measure_step_time(world: int, pairs: int) -> dict[str, object]:
+    """``pairs`` pairs of jobs, no checkpoint and async saves every 10, in alternating order.
+
+    Jobs of the same kind differ by 5-10 % here from one to the next, so one pair cannot
+    read a 1.02x target; the ratio of each pair (ran back to back, under the same load) is
+    kept, and the figure is their median with quartiles.
+    """
+    got: dict[str, list[float]] = {"none_mean": [], "async10_mean": [], "none_median": [], "async10_median": []}
+    for i in range(pairs):
+        for mode in ("none", "async10") if i % 2 == 0 else ("async10", "none"):
+            evs = job(world, 60, -1, mode, big=True, restarts=0)
+            got[f"{mode}_mean"].append(step_mean(evs))
+            got[f"{mode}_median"].append(step_time(evs))
+    return {"world": world, "pairs": pairs, **got}
+
+
+def step_time_table(results: list[dict[str, object]]) -> str:
+    import _proc
+
+    lines = [
+        "| ranks | step, no checkpoint: mean (ms) | step, async save every 10: mean (ms) | ratio of means, "
+        "per pair: median (IQR) | verdict (target <= 1.02) | ratio of medians, per pair: median (IQR) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        none, saved = r["none_mean"], r["async10_mean"]
+        q1, med, q3 = _proc.paired_ratios(saved, none)  # type: ignore[arg-type]
+        m1, mm, m3 = _proc.paired_ratios(r["async10_median"], r["none_median"])  # type: ignore[arg-type]
+        lines.append(
+            f"| {r['world']} | {statistics.median(none) * 1e3:.1f} | {statistics.median(saved) * 1e3:.1f} | "  # type: ignore[arg-type]
+            f"{med:.3f}x ({q1:.3f} to {q3:.3f}) | {_proc.verdict(q1, q3, 1.02)} | {mm:.3f}x ({m1:.3f} to {m3:.3f}) |"
+        )
+    return "\n".join(lines)
+
+
 def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3g} ({min(xs):.3g}-{max(xs):.3g})"
 
@@ -227,6 +269,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--wait-load", type=float, default=1.5)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "resume.md")
+    parser.add_argument(
+        "--step-time-pairs",
+        type=int,
+        default=None,
+        help="measure only the step time, from this many interleaved pairs of jobs (results: --out)",
+    )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -235,6 +283,9 @@ def main() -> None:
         return
     _proc.exit_on_sigterm()
     library = _proc.library_state()
+    if args.step_time_pairs:
+        step_time_only(args, library)
+        return
     results, loads = [], []
     for world in args.ranks:
         quiet = _proc.wait_for_load(args.wait_load, what=f"{world} ranks")
@@ -250,6 +301,37 @@ def main() -> None:
             _proc.describe_library(library, _proc.library_state()),
             "Load before each world size: " + "; ".join(loads) + ".",
             table(results),
+        ]
+    )
+    args.out.write_text(text + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    print(text)
+
+
+def step_time_only(args: argparse.Namespace, library: dict[str, object]) -> None:
+    import _proc
+
+    results, loads = [], []
+    for world in args.ranks:
+        quiet = _proc.wait_for_load(args.wait_load, what=f"{world} ranks")
+        loads.append(f"{world} ranks: {quiet.describe()}")
+        results.append(measure_step_time(world, args.step_time_pairs))
+    end = os.getloadavg()
+    text = "\n\n".join(
+        [
+            "# tether: step time with periodic async checkpoints",
+            f"`python benchmarks/resume.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"{os.cpu_count()} cores, load average at end {end[0]:.1f}/{end[1]:.1f}/{end[2]:.1f}; torchrun, gloo, "
+            "one thread per rank; the ~100 MB model (25M float32 parameters), 60 steps per job, the steps after "
+            "the first 5 timed; a checkpoint job saves every 10 steps with `Checkpointer(every=10)` (async). "
+            f"{args.step_time_pairs} pairs of jobs per world size, the two jobs of a pair back to back, their "
+            "order alternating.",
+            _proc.describe_library(library, _proc.library_state()),
+            "Load before each world size: " + "; ".join(loads) + ".",
+            step_time_table(results),
+            "The mean counts the save steps (the snapshot on the training thread) and the steps the "
+            "background writer shares the CPU with; the median of steps, the figure of `resume.md`, "
+            "leaves the save steps out.",
         ]
     )
     args.out.write_text(text + "\n")
