@@ -52,7 +52,7 @@ from .liveness import HostJudge, NodeWatch
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
 from .rawcalls import RAW_MARGIN
-from .stores import channel_beside
+from .stores import CLOSE_WAIT, StoreProbe, channel_beside
 from .verdicts import OUTSIDE
 from .watchdog import Watchdog, WatchdogConfig
 
@@ -422,7 +422,7 @@ def _leave(ctx: Context) -> None:
     have seen that; the host waits (up to 2 s) for those acknowledgements. So no tether
     connection is in use when the store closes (torch logs a warning for each that is).
     Each of the others then waits (up to ``CLOSE_WAIT``) until the host's store has closed,
-    seen on a bare TCP connection (``_StoreProbe``): a next ``initialize`` on the same port
+    seen on a bare TCP connection (``stores.StoreProbe``): a next ``initialize`` on the same port
     (``env://``) must not reach the old store on its way out. On a loaded machine a rank
     that returned at once did: the old store closed under it, and its peer waited in the
     new one for good.
@@ -442,36 +442,9 @@ def _leave(ctx: Context) -> None:
     elif ctx.watchdog.config.store_host >= 0:
         retire(ctx)
         if wait_keys(ctx.store, [closing], 5.0, step=0.005):
-            probe = _StoreProbe(ctx.store)  # opened while the store is surely there
+            probe = StoreProbe(ctx.store)  # opened while the store is surely there
             ctx.store.add(seen, 1)
             probe.wait_closed(CLOSE_WAIT)
-
-
-CLOSE_WAIT = 2.0  # seconds a rank waits, in finalize, for the store's host to close the store
-
-
-class _StoreProbe:
-    """A bare TCP connection to a ``TCPStore``'s server, to learn when the server closes.
-
-    Not a torch client: a torch client's read that fails logs a warning with a C++ stack.
-    The server closes every connection when it shuts down; this one then reads end of
-    file. A store that is not a ``TCPStore`` (``file://``) gets no probe, and no wait.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self._sock: socket.socket | None = None
-        host, port = getattr(store, "host", None), getattr(store, "port", None)
-        if isinstance(store, TCPStore) and host and port:
-            with contextlib.suppress(OSError):
-                self._sock = socket.create_connection((host, port), timeout=1.0)
-
-    def wait_closed(self, bound: float) -> None:
-        if self._sock is None:
-            return
-        with self._sock:
-            self._sock.settimeout(bound)
-            with contextlib.suppress(OSError):  # a timeout too: then go on, as before
-                self._sock.recv(1)
 
 
 def sync(temporary: bool = False) -> None:

@@ -1,4 +1,7 @@
-"""The stores a job runs on: the launcher's, and the failure channel's when the job's own cannot carry it."""
+"""The stores a job runs on: the launcher's, and the failure channel's when the job's own cannot carry it.
+
+Also ``StoreProbe``: how a rank sees, without a torch client, that a store's server closed.
+"""
 
 from __future__ import annotations
 
@@ -55,3 +58,30 @@ def job_store(addr: str, port: int | None, world: int, node_rank: int, shared_fi
         return store, addr
     host, _, got = shared.get(key).decode().rpartition(":")
     return TCPStore(host, int(got), world, False, timeout=five), host
+
+
+CLOSE_WAIT = 2.0  # seconds a rank waits, in finalize, for the store's host to close the store
+
+
+class StoreProbe:
+    """A bare TCP connection to a ``TCPStore``'s server, to learn when the server closes.
+
+    Not a torch client: a torch client's read that fails logs a warning with a C++ stack.
+    The server closes every connection when it shuts down; this one then reads end of
+    file. A store that is not a ``TCPStore`` (``file://``) gets no probe, and no wait.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._sock: socket.socket | None = None
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        if isinstance(store, TCPStore) and host and port:
+            with contextlib.suppress(OSError):
+                self._sock = socket.create_connection((host, port), timeout=1.0)
+
+    def wait_closed(self, bound: float) -> None:
+        if self._sock is None:
+            return
+        with self._sock:
+            self._sock.settimeout(bound)
+            with contextlib.suppress(OSError):  # a timeout too: then go on, as before
+                self._sock.recv(1)
