@@ -124,11 +124,20 @@ class _TetherHook:
             else:
                 failables.settle(parent, result=value[0] if isinstance(value, list) else value)
 
+        def rescue() -> bool:  # the work finished before the failure came: its result stands
+            if not work.done():
+                return False
+            settle(work)
+            return True
+
+        # NCCL's futures are done once enqueued: there ``done()`` proves nothing, so no rescue
+        finished = None if self._ctx.backend.completes_at_enqueue else rescue
         timeout = self._ctx.settings.timeout
         if timeout is None:
-            failables.add(parent)
+            failables.add(parent, rescue=finished)
         else:
-            failables.add(parent, time.monotonic() + timeout, functools.partial(_expire, self._ctx, timeout))
+            deadline = time.monotonic() + timeout
+            failables.add(parent, deadline, functools.partial(_expire, self._ctx, timeout), rescue=finished)
         work.add_done_callback(settle)
         return parent.then(_value)
 

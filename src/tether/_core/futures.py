@@ -15,6 +15,10 @@ Facts measured on torch 2.13 (gloo) that shape it:
 * A future completed twice raises "can only be marked completed once". The backend's
   completion and tether's failure can race, so every completion goes through ``settle``,
   under one lock, first one wins.
+* A collective the backend finished before the failure arrived is not failed: a future
+  registered with ``rescue`` is settled from the backend when ``rescue`` finds it done
+  (seen in CI: a survivor whose all-reduce had completed raised out of ``backward()``
+  anyway, and saved the step before the one its peers had finished).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class Failables:
         self._lock = threading.Lock()
         # future -> (deadline, on_expiry)
         self._pending: dict[torch.futures.Future[Any], tuple[float | None, Callable[[], None] | None]] = {}
+        self._rescues: dict[torch.futures.Future[Any], Callable[[], bool]] = {}
         self._failure: BaseException | None = None
 
     def add(
@@ -40,16 +45,21 @@ class Failables:
         fut: torch.futures.Future[Any],
         deadline: float | None = None,
         on_expiry: Callable[[], None] | None = None,
+        rescue: Callable[[], bool] | None = None,
     ) -> None:
         """Watch ``fut``; it fails at once if a failure is already known.
 
         ``on_expiry`` runs once, on the keeper thread (``expire_due``), if ``fut`` is still
         pending at ``deadline`` (monotonic seconds): it posts the timeout that fails it.
+        ``rescue``, asked before a failure fails ``fut``, settles ``fut`` from the backend and
+        returns True when the backend's work is already done.
         """
         with self._lock:
             failure = self._failure
             if failure is None:
                 self._pending[fut] = (deadline, on_expiry)
+                if rescue is not None:
+                    self._rescues[fut] = rescue
         if failure is not None:
             self.settle(fut, error=failure)
 
@@ -66,6 +76,7 @@ class Failables:
         """Complete ``fut`` with ``result`` or ``error``, unless it is completed already."""
         with self._lock:
             self._pending.pop(fut, None)
+            self._rescues.pop(fut, None)
             if fut.done():
                 return
             if error is not None:
@@ -78,8 +89,11 @@ class Failables:
         with self._lock:
             self._failure = error
             pending, self._pending = list(self._pending), {}
+            rescues, self._rescues = self._rescues, {}
         for fut in pending:
-            self.settle(fut, error=error)
+            rescue = rescues.get(fut)
+            if rescue is None or not rescue():
+                self.settle(fut, error=error)
 
     def __len__(self) -> int:
         with self._lock:
