@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -286,11 +287,7 @@ def main() -> None:
     if args.step_time_pairs:
         step_time_only(args, library)
         return
-    results, loads = [], []
-    for world in args.ranks:
-        quiet = _proc.wait_for_load(args.wait_load, what=f"{world} ranks")
-        loads.append(f"{world} ranks: {quiet.describe()}")
-        results.append(measure(world, args.repeats))
+    results, loads = _each_world(args, lambda world: measure(world, args.repeats))
     end = os.getloadavg()
     text = "\n\n".join(
         [
@@ -308,14 +305,24 @@ def main() -> None:
     print(text)
 
 
-def step_time_only(args: argparse.Namespace, library: dict[str, object]) -> None:
+def _each_world(
+    args: argparse.Namespace, measure_one: Callable[[int], dict[str, object]]
+) -> tuple[list[dict[str, object]], list[str]]:
+    """``measure_one(world)`` per world size, each after the load settled; the results and the loads."""
     import _proc
 
     results, loads = [], []
     for world in args.ranks:
         quiet = _proc.wait_for_load(args.wait_load, what=f"{world} ranks")
         loads.append(f"{world} ranks: {quiet.describe()}")
-        results.append(measure_step_time(world, args.step_time_pairs))
+        results.append(measure_one(world))
+    return results, loads
+
+
+def step_time_only(args: argparse.Namespace, library: dict[str, object]) -> None:
+    import _proc
+
+    results, loads = _each_world(args, lambda world: measure_step_time(world, args.step_time_pairs))
     end = os.getloadavg()
     text = "\n\n".join(
         [
