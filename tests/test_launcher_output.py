@@ -11,6 +11,7 @@ nothing left.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -92,7 +93,7 @@ def test_a_failing_torchrun_job_shows_the_traceback_once_and_one_line_per_victim
         [f"[rank 1] failed: {ROOT} (its traceback is in torchrun's Root Cause report)"]
         + [
             f"[rank {r}] stopped: PeerFailure: rank 1 failed: {ROOT} (in one_rank_first(rank=1, local=False) #1, "
-            f"at {res_path()}:18 in prepare)"
+            f"at {res_path()}:{gate_line()} in prepare)"
             for r in range(nproc)
             if r != 1
         ]
@@ -114,7 +115,26 @@ def test_a_failing_torchrun_job_shows_the_traceback_once_and_one_line_per_victim
     assert res.leftovers == []
 
 
+def test_a_victim_still_in_its_atexit_when_torchrun_sends_sigterm_exits_with_its_own_code() -> None:
+    res = torchrun(
+        "output_failure.py", "torchrun", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1", "OUTPUT_SLOW_ATEXIT": "20"}
+    )
+    assert res.returncode == 1, res.output[-3000:]
+    assert res.elapsed < 15, res.elapsed  # the SIGTERM ended the 20 s atexit: torchrun did not wait for SIGKILL
+    failures = torchrun_failures(res.stderr)
+    assert {r: c for r, (c, _) in failures.items()} == {0: int(ExitCode.PEER_FAILED), 1: 1}, res.stderr
+    assert failures[0][1].startswith("PeerFailure: rank 1 failed: " + ROOT), res.stderr
+    assert "[rank 0] stopped: PeerFailure: rank 1 failed: " + ROOT in res.stderr
+    assert res.leftovers == []
+
+
 def res_path() -> str:
     from _harness import JOBS
 
     return str(JOBS / "output_failure.py")
+
+
+def gate_line() -> int:
+    """The line a victim's error points at: where rank 1 leaves ``one_rank_first`` (its raise)."""
+    lines = Path(res_path()).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if "raise RuntimeError" in line)

@@ -4,10 +4,15 @@
 
 Rank 1 raises inside ``one_rank_first(rank=1)``, called from ``main`` through
 ``prepare``: the report's traceback must start at the user's ``main``. Every other rank
-waits for it there and stops with one line.
+waits for it there and stops with one line. With ``OUTPUT_SLOW_ATEXIT=S`` every other
+rank's ``atexit`` takes S seconds (a logger's flush), so torchrun's SIGTERM, sent 0.1 s
+after rank 1 exits, lands while the victim is ending.
 """
 
+import atexit
+import os
 import sys
+import time
 
 import tether as idist
 
@@ -28,6 +33,8 @@ if __name__ == "__main__":
         with idist.Parallel(backend="gloo", nproc_per_node=int(sys.argv[2])) as parallel:
             parallel.run(main)
     else:
+        if os.environ.get("OUTPUT_SLOW_ATEXIT") and os.environ["RANK"] != "1":
+            atexit.register(time.sleep, float(os.environ["OUTPUT_SLOW_ATEXIT"]))  # runs after tether's
         idist.initialize("gloo")
         main()
         idist.finalize()

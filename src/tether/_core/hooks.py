@@ -15,6 +15,11 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
   a main thread blocked in a store wait so that the handler runs within a round trip.
   What the signal means (a launcher's stop because a peer died?) is worked out after the
   exception has unwound, by ``runtime.report_failure``.
+* **Ending.** Once an owned process's excepthook has started to end it, its exit code is
+  decided: a SIGTERM or SIGINT then ends it at once *with that code* (after the failure
+  is posted), not as a signal. torchrun SIGTERMs every worker 0.1 s after the first one
+  exits; a victim still in the user's ``atexit`` functions (a logger's flush) would
+  otherwise show as ``-15`` in torchrun's summary instead of ``PEER_FAILED``.
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ class Hooks:
         self._signal_fd = signal_fd
         self._saved: dict[str, Any] = {}
         self.signalled: int | None = None
+        self._ending_code: int | None = None  # set once the excepthook decided the exit code
+        self._stop_pending = False  # a SIGTERM/SIGINT came while the failure was being posted
 
     def install(self) -> None:
         self._saved["excepthook"] = sys.excepthook
@@ -126,8 +133,14 @@ class Hooks:
             self._saved["excepthook"] = kept
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        ending = self._owned and threading.current_thread() is threading.main_thread()
+        if ending:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal_while_ending)
         behind = self._post(exc)
         shown = behind if isinstance(behind, TetherError) else exc
+        if ending:
+            self._ending_code = exit_code_for(shown)
         if self._owned and isinstance(shown, TetherError):
             # a victim: one line; the failing rank prints the one full traceback
             first = str(shown).splitlines()[0] if str(shown) else type(shown).__name__
@@ -144,10 +157,16 @@ class Hooks:
             self._saved.get("excepthook", sys.__excepthook__)(kind, exc, tb)
         if not self._owned:
             return
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code_for(shown))
+        if not self._stop_pending:
+            atexit._run_exitfuncs()
+        self._end(exit_code_for(shown))
+
+    @staticmethod
+    def _end(code: int) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
     def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
@@ -159,6 +178,14 @@ class Hooks:
         if signum == signal.SIGINT:
             raise KeyboardInterrupt("stopped by SIGINT")
         raise Terminated(128 + signum)
+
+    def _on_signal_while_ending(self, signum: int, frame: FrameType | None) -> None:
+        """A launcher's stop while the excepthook ends the process: end it now, with its code."""
+        self.signalled = signum
+        if self._ending_code is None:  # the failure is still being posted: finish that first
+            self._stop_pending = True
+            return
+        self._end(self._ending_code)
 
     def _post(self, exc: BaseException) -> object:
         """Post ``exc``; returns what ``on_failure`` says is behind it (a peer's failure), if anything."""
