@@ -16,10 +16,10 @@ Failures (``FAILURES``)::
                one_rank_first(rank=1) where the others say rank=0   F6
     kill_host  SIGKILL to the store's host: itself when it is rank 0
                under ``initialize-rank0`` (torchrun with its agent store
-               off), else the ``tether.spawn`` parent (getppid())   F7
+               off), else the ``tether.spawn`` launcher             F7
     sigterm    SIGTERM to itself                                     F8
     sigint     SIGINT to itself                                      F8
-    term_launcher  SIGTERM to the ``tether.spawn`` parent            F8
+    term_launcher  SIGTERM to the ``tether.spawn`` launcher          F8
 
 Places (``PLACES``), where the victim is when the fault strikes and where the others wait::
 
@@ -164,7 +164,7 @@ def inject(case: Case, rank: int) -> None:
         time.sleep(3600)
         return
     if f == "kill_host":
-        os.kill(os.getpid() if case.launcher == "initialize-rank0" else os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid() if case.launcher == "initialize-rank0" else launcher_pid(), signal.SIGKILL)
         time.sleep(3600)  # the parent's death takes this process with it
     if f == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)
@@ -173,7 +173,7 @@ def inject(case: Case, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGINT)
         return
     if f == "term_launcher":
-        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(launcher_pid(), signal.SIGTERM)
         return
     raise AssertionError(f"unknown failure {f!r}")
 
@@ -192,6 +192,11 @@ def _strike_later(case: Case, rank: int, seq: Sequencer, after: list[int]) -> No
 
 def _value(rank: int, timeout: float | None) -> float:
     return float(idist.all_reduce(rank + 1, timeout=timeout))
+
+
+def launcher_pid() -> int:
+    """The ``tether.spawn`` launcher's pid (a worker's parent is the forkserver by default)."""
+    return int(os.environ["FAULT_LAUNCHER_PID"])
 
 
 def run_case(case: Case) -> None:

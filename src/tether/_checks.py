@@ -382,7 +382,8 @@ def check_replicas(num_replicas: object, rank: object) -> tuple[int, int]:
 
 
 def check_start_method(fn: Callable[..., Any], asked: str | None) -> str:
-    """The start method for ``fn``: "spawn", or "fork" for a function a child cannot import.
+    """The start method for ``fn``: "forkserver" where there is one (Linux, macOS), else
+    "spawn"; "fork" for a function a child cannot import.
 
     Raises:
         ValueError: a bad ``start_method``, or "spawn" asked for a function defined on
@@ -395,8 +396,10 @@ def check_start_method(fn: Callable[..., Any], asked: str | None) -> str:
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)  # "<stdin>" under `python -`, absent in -c and notebooks
     unimportable = getattr(fn, "__module__", None) == "__main__" and not (main_file and os.path.isfile(main_file))
-    if asked is None:
-        asked = "fork" if unimportable and "fork" in methods else "spawn"
+    if asked is None and unimportable and "fork" in methods:
+        asked = "fork"
+    elif asked is None:
+        asked = "forkserver" if "forkserver" in methods else "spawn"
     if asked == "fork":
         return asked
     if unimportable:

@@ -11,6 +11,15 @@ seconds later are killed. Children die with their parent (``PR_SET_PDEATHSIG``),
 a SIGKILL of the launcher leaves no orphan. The root-cause report is printed once, by
 node 0's launcher.
 
+Workers start from a forkserver by default (where the platform has one): a server process
+that imported tether, and so torch, once, forks each worker, so a worker does not import
+torch itself. That import is most of a spawned worker's start (1.5 s of CPU here), and
+with more workers than cores it is paid in turn (see ``benchmarks/startup.py``). The
+worker gets the launcher's environment of the moment it starts, as with "spawn"; what
+torch reads when it is *imported* (``OMP_NUM_THREADS`` for its OpenMP library, say)
+keeps its value from the first ``spawn`` of the process, when the server started:
+``start_method="spawn"`` re-reads it each time.
+
 A function defined where a child cannot import it (``python -`` from stdin, ``python -c``,
 a notebook) is run with the "fork" start method, as ignite does in Jupyter; with an
 explicit ``start_method="spawn"`` it is refused with one line that says what to do, as is
@@ -25,6 +34,7 @@ import ctypes
 import datetime
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import signal
 import socket
@@ -69,6 +79,7 @@ class _WorkerSpec:
     options: Options
     parent_pid: int
     restart: int = 0  # which attempt this is (``max_restarts``), as TORCHELASTIC_RESTART_COUNT
+    environ: dict[str, str] | None = None  # the launcher's environment, for a worker forked from a server
 
 
 def spawn(
@@ -89,8 +100,9 @@ def spawn(
             127.0.0.1 and a free port; give the port when ``nnodes > 1``).
         init_method: "tcp://HOST:PORT", instead of master_addr/master_port.
         timeout: torch's process-group timeout (timedelta or seconds).
-        start_method: "spawn" (default; "fork" for a function defined without a file,
-            such as in a notebook), "fork" or "forkserver".
+        start_method: "forkserver" (default where the platform has it; the module
+            docstring says why), "spawn" (the default elsewhere, and ignite's), or "fork"
+            (the default for a function defined without a file, such as in a notebook).
         join: True (the default, and the only value: the launcher supervises its workers).
         daemon: start the workers as daemonic processes (default False, as torch's).
         max_restarts: after a failed attempt, start every worker again, up to this many
@@ -135,14 +147,15 @@ def spawn(
     options = Options.from_kwargs(kwargs, store_host=-1)
     world = nnodes * nproc
     store, addr = job_store(addr, port, world, node_rank, shared_file)
-    mp: Any = multiprocessing.get_context(start_method)
+    mp = _context(start_method)
     for attempt in range(max_restarts + 1):
         gen = generation(store, JOB_ID, -1 - node_rank)  # each node's launcher counts its own incarnations
         channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
         procs: dict[int, multiprocessing.process.BaseProcess] = {}
         for local in range(nproc):
             topo = Topology(node_rank * nproc + local, world, local, nproc, nnodes, node_rank)
-            spec = _WorkerSpec(backend, topo, addr, store.port, timeout, options, os.getpid(), attempt)
+            environ = dict(os.environ) if start_method == "forkserver" else None
+            spec = _WorkerSpec(backend, topo, addr, store.port, timeout, options, os.getpid(), attempt, environ)
             procs[local] = mp.Process(
                 target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}", daemon=daemon
             )
@@ -154,6 +167,24 @@ def spawn(
                 raise
             sys.stderr.write(f"tether: starting every worker again (restart {attempt + 1} of {max_restarts})\n")
             sys.stderr.flush()
+
+
+def _context(start_method: str) -> Any:
+    """The ``multiprocessing`` context; a forkserver that imports tether before it forks.
+
+    Python's forkserver means to preload ``__main__`` (its default list), but in CPython
+    3.11 the server never gets the main module's path (the launcher sends
+    ``init_main_from_path``, the server reads ``main_path``), so each worker would still
+    import torch itself. tether adds itself to the list while no server runs; a server
+    already running (the user's, or an earlier ``spawn``'s) is used as it is.
+    """
+    mp: Any = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        server = getattr(multiprocessing.forkserver, "_forkserver", None)
+        preload = list(getattr(server, "_preload_modules", None) or [])
+        if "tether" not in preload and getattr(server, "_forkserver_pid", None) is None:
+            mp.set_forkserver_preload([*preload, "tether"])
+    return mp
 
 
 class _Supervisor:
@@ -352,13 +383,26 @@ def _line(code: int | None, records: list[FailureRecord], rank: int, everywhere:
 def _die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    if not _alive(parent_pid):  # the launcher died before prctl took effect
         os._exit(int(ExitCode.PEER_FAILED))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _worker(spec: _WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A child: join the job, run ``fn``, and on failure post it and exit at once."""
     _die_with_parent(spec.parent_pid)
+    if spec.environ is not None:  # forked from the server: its environment is from when it started
+        os.environ.clear()
+        os.environ.update(spec.environ)
     topo = spec.topology
     # what a launcher tells its children (torchrun, ignite's spawn): code that reads them works
     os.environ.update(

@@ -14,6 +14,7 @@ for its ``JobFailed``.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def main() -> None:
     case_json, nproc = sys.argv[1], int(sys.argv[2])
     case = Case.from_json(case_json)
     if case.launcher == "spawn":
+        os.environ["FAULT_LAUNCHER_PID"] = str(os.getpid())  # a worker's parent may be the forkserver
         try:
             idist.spawn("gloo", body, (case_json,), nproc_per_node=nproc, **case.options)
         except idist.JobFailed as exc:
