@@ -1,5 +1,4 @@
-"""The code stays ruff- and mypy-clean: the checks run with the suite (mypy from the start
-of the run, in the background: see ``conftest.py``)."""
+"""The code stays ruff- and mypy-clean: the checks run with the suite."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import sys
 import pytest
 
 from _harness import ROOT
-from conftest import mypy_verdict
 
 
 @pytest.mark.timeout(300)
@@ -22,10 +20,6 @@ from conftest import mypy_verdict
     ],
     ids=["ruff-check", "ruff-format", "mypy"],
 )
-def test_code_is_lint_and_type_clean(command: list[str], request: pytest.FixtureRequest) -> None:
-    if command == ["-m", "mypy"]:
-        code, output = mypy_verdict(request.config, timeout=280)
-        assert code == 0, output
-        return
+def test_code_is_lint_and_type_clean(command: list[str]) -> None:
     done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
