@@ -9,6 +9,7 @@ once, on the same samples. The directory checks run in this process (one rank).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -157,13 +158,19 @@ def make(dirname: Path, steps: int, every: int) -> tether.Checkpointer:
 def test_resume_refuses_partial_corrupt_and_foreign_checkpoints_and_falls_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    make(tmp_path, 8, every=2)  # step-2, -4, -6, -8
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step-0000000{n}" for n in (2, 4, 6, 8)]
-    (tmp_path / "step-00000008" / "manifest.json").unlink()  # killed between the two files
-    manifest = json.loads((tmp_path / "step-00000006" / "manifest.json").read_text())
-    (tmp_path / "step-00000006" / "manifest.json").write_text(json.dumps({**manifest, "world_size": 3}))
+    make(tmp_path, 10, every=2)  # step-2, -4, -6, -8, -10
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step-{n:08d}" for n in (2, 4, 6, 8, 10)]
+    (tmp_path / "step-00000010" / "manifest.json").unlink()  # killed between the two files
+    manifest = json.loads((tmp_path / "step-00000008" / "manifest.json").read_text())
+    (tmp_path / "step-00000008" / "manifest.json").write_text(json.dumps({**manifest, "world_size": 3}))
+    damaged = tmp_path / "step-00000006" / "state.pt"
+    data = bytearray(damaged.read_bytes())
+    weight = torch.load(damaged, weights_only=False)["objects"]["model"]["weight"]
+    at = data.index(weight.numpy().tobytes())  # the weights' bytes in the archive
+    data[at] ^= 0x01  # one bit of the weights flipped, same size: only a checksum of the bytes sees it
+    damaged.write_bytes(bytes(data))
     with open(tmp_path / "step-00000004" / "state.pt", "ab") as fp:
-        fp.write(b"x")  # a bad checksum
+        fp.write(b"x")  # one byte more
     (tmp_path / ".tmp-step-00000010-123").mkdir()  # a save killed mid-write
     before = sorted(p.name for p in tmp_path.iterdir())
     model = torch.nn.Linear(4, 1)
@@ -173,11 +180,25 @@ def test_resume_refuses_partial_corrupt_and_foreign_checkpoints_and_falls_back(
     torch.manual_seed(0)
     assert torch.allclose(model.weight, torch.nn.Linear(4, 1).weight + 0.2)  # step 2's weights
     text = caplog.text
-    assert "step-00000008 refused: no readable manifest" in text
-    assert "step-00000006 refused: saved by a job of 3 ranks, this one has 1" in text
+    assert "step-00000010 refused: no readable manifest" in text
+    assert "step-00000008 refused: saved by a job of 3 ranks, this one has 1" in text
+    assert "step-00000006 refused: state.pt does not match the manifest's checksum" in text
     assert "step-00000004 refused: state.pt does not match the manifest's checksum" in text
     assert "resumed from the periodic checkpoint of step 2" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing deleted
+
+
+def test_a_checkpoint_whose_manifest_has_the_earlier_whole_file_sha256_still_resumes(tmp_path: Path) -> None:
+    make(tmp_path, 4, every=2)
+    path = tmp_path / "step-00000004"
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert {"bytes", "records_sha256"} <= manifest.keys() and "sha256" not in manifest
+    earlier = {k: v for k, v in manifest.items() if k not in ("bytes", "records_sha256")}
+    whole = hashlib.sha256((path / "state.pt").read_bytes()).hexdigest()
+    (path / "manifest.json").write_text(json.dumps({**earlier, "sha256": whole}))
+    assert tether.Checkpointer({"model": torch.nn.Linear(4, 1)}, tmp_path).resume().step == 4
+    (path / "manifest.json").write_text(json.dumps({**earlier, "sha256": "0" * 64}))
+    assert tether.Checkpointer({"model": torch.nn.Linear(4, 1)}, tmp_path).resume().step == 2
 
 
 def test_checkpoints_of_another_world_size_only_are_a_clear_error(tmp_path: Path) -> None:

@@ -355,7 +355,7 @@ class Checkpointer:
         torch.save(state, str(tmp / "state.pt"))  # torch's own writer: no Python callback per block
         _files.fsync(tmp / "state.pt")
         found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency)
-        _files.write_manifest(tmp, {**found, "sha256": _files.digest(tmp / "state.pt")})
+        _files.write_manifest(tmp, {**found, **_files.fingerprint(tmp / "state.pt")})
         return self._publish(tmp, final)
 
     def _publish(self, tmp: Path, final: Path) -> Path:
