@@ -175,16 +175,20 @@ def _context(start_method: str) -> Any:
     Python's forkserver means to preload ``__main__`` (its default list), but in CPython
     3.11 the server never gets the main module's path (the launcher sends
     ``init_main_from_path``, the server reads ``main_path``), so each worker would still
-    import torch itself. tether adds itself to the list while no server runs; a server
-    already running (the user's, or an earlier ``spawn``'s) is used as it is.
+    import torch itself. tether adds its preload module (``_forkserver.py``) to the list
+    while no server runs; a server already running (the user's, or an earlier ``spawn``'s)
+    is used as it is.
     """
     mp: Any = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
         server = getattr(multiprocessing.forkserver, "_forkserver", None)
         preload = list(getattr(server, "_preload_modules", None) or [])
-        if "tether" not in preload and getattr(server, "_forkserver_pid", None) is None:
-            mp.set_forkserver_preload([*preload, "tether"])
+        if _PRELOAD not in preload and getattr(server, "_forkserver_pid", None) is None:
+            mp.set_forkserver_preload([*preload, _PRELOAD])
     return mp
+
+
+_PRELOAD = "tether._forkserver"
 
 
 class _Supervisor:
