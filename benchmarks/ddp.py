@@ -60,6 +60,7 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -159,6 +160,10 @@ def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
                 for _ in range(n):
                     c.step()
                 samples[m][who].append((time.perf_counter() - t0) / n * 1e3)
+    # the floor of any comm hook: DDP's own all-reduce divides each gradient by the world size
+    # while copying it into its bucket; a hook gets the bucket filled and divides it again
+    floor = torch.tensor([_hook_pass_ms(torch, info["bytes"]) for info in models], dtype=torch.float64)
+    dist.all_reduce(floor, op=dist.ReduceOp.MAX)
     # slowest rank per batch: gathered outside any timing
     mine = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
@@ -180,8 +185,21 @@ def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
             for i, (_, key) in enumerate(KEYS):
                 info[key] = mine[m][i].tolist()
             info["weight_drift"] = float(drift[m])
+            info["hook_pass_ms"] = float(floor[m])
         print("RESULT " + json.dumps({"world": world, "rounds": rounds, "models": models}), flush=True)
     tether.finalize()
+
+
+def _hook_pass_ms(torch: Any, nbytes: int) -> float:
+    """ms of one ``div_`` over as many float32 bytes as the model's gradients (median of 20)."""
+    buffer = torch.ones(nbytes // 4)
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        buffer.div_(2)
+        times.append((time.perf_counter() - t0) * 1e3)
+        buffer.fill_(1.0)
+    return float(statistics.median(times))
 
 
 # --- the driver ----------------------------------------------------------------------------
@@ -255,10 +273,17 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
             verdict = _proc.verdict(q1, q3, limit)
             mb = model["bytes"] / 1e6
             t1, vs_torch, t3 = _ratios(model, "hook_ms", "torch_hook_ms")
+            floor = ""
+            if "hook_pass_ms" in model:
+                share = model["hook_pass_ms"] / _stats(model["plain_ms"])[0]
+                floor = (
+                    f"; any hook's own pass over the gradients (the division DDP does while copying into its "
+                    f"buckets): {model['hook_pass_ms']:.2f} ms = {1 + share:.3f}x of plain DDP's step"
+                )
             out.append(
                 f"{res['world']} ranks: {model['model']} model ({mb:.0f} MB): hook/plain = {ratio:.3f}x "
                 f"(IQR {q1:.3f}x to {q3:.3f}x; target <= {limit}x) {verdict}; "
-                f"tether's hook / torch's allreduce_hook = {vs_torch:.3f}x (IQR {t1:.3f}x to {t3:.3f}x)"
+                f"tether's hook / torch's allreduce_hook = {vs_torch:.3f}x (IQR {t1:.3f}x to {t3:.3f}x){floor}"
             )
     return out
 
