@@ -26,23 +26,21 @@ def workers(stdout: str) -> list[dict[str, object]]:
     )
 
 
-@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver here")
-def test_workers_fork_from_a_server_with_torch_imported_and_see_the_launchers_environment_of_each_job() -> None:
-    res = python("spawn_env.py", bound=BOUND)
-    assert res.returncode == 0, res.output[-3000:]
-    assert workers(res.stdout) == [
-        {"job": job, "rank": rank, "value": value, "parent_is_launcher": False, "torch_preloaded": True}
-        for job, value in enumerate(["first", "second"])
-        for rank in (0, 1)
-    ], res.output[-3000:]
-    assert res.leftovers == []
+no_forkserver = pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="none here")
 
 
-def test_spawn_when_asked_starts_each_worker_afresh_from_the_launcher() -> None:
-    res = python("spawn_env.py", "spawn", bound=BOUND)
+@pytest.mark.parametrize(
+    ("args", "forked_from_server"),
+    [pytest.param((), True, marks=no_forkserver, id="default-forkserver"), pytest.param(("spawn",), False, id="spawn")],
+)
+def test_each_worker_sees_the_launchers_environment_of_its_job_and_torch_comes_preloaded_only_from_the_server(
+    args: tuple[str, ...], forked_from_server: bool
+) -> None:
+    res = python("spawn_env.py", *args, bound=BOUND)
     assert res.returncode == 0, res.output[-3000:]
+    expected = {"parent_is_launcher": not forked_from_server, "torch_preloaded": forked_from_server}
     assert workers(res.stdout) == [
-        {"job": job, "rank": rank, "value": value, "parent_is_launcher": True, "torch_preloaded": False}
+        {"job": job, "rank": rank, "value": value, **expected}
         for job, value in enumerate(["first", "second"])
         for rank in (0, 1)
     ], res.output[-3000:]
