@@ -13,8 +13,8 @@ node 0's launcher.
 
 Workers start from a forkserver by default (where the platform has one): a server process
 that imported tether, and so torch, once, forks each worker, so a worker does not import
-torch itself. That import is most of a spawned worker's start (1.5 s of CPU here), and
-with more workers than cores it is paid in turn (see ``benchmarks/startup.py``). The
+torch itself. That import is most of a spawned worker's start, and with more workers
+than cores it is paid in turn (``benchmarks/startup.py`` measures both). The
 worker gets the launcher's environment of the moment it starts, as with "spawn"; what
 torch reads when it is *imported* (``OMP_NUM_THREADS`` for its OpenMP library, say)
 keeps its value from the first ``spawn`` of the process, when the server started:
@@ -385,6 +385,8 @@ def _line(code: int | None, records: list[FailureRecord], rank: int, everywhere:
 
 
 def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this worker when its parent dies: the launcher, or the forkserver, which ends
+    when the launcher does. Exit at once if the launcher is gone already."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if not _alive(parent_pid):  # the launcher died before prctl took effect
