@@ -288,21 +288,8 @@ def main() -> None:
         step_time_only(args, library)
         return
     results, loads = _each_world(args, lambda world: measure(world, args.repeats))
-    end = os.getloadavg()
-    text = "\n\n".join(
-        [
-            "# tether: what a failure costs with Checkpointer",
-            f"`python benchmarks/resume.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
-            f"{os.cpu_count()} cores, load average at end {end[0]:.1f}/{end[1]:.1f}/{end[2]:.1f}; torchrun "
-            f"--max-restarts 1, gloo, {args.repeats} job(s) per cell.",
-            _proc.describe_library(library, _proc.library_state()),
-            "Load before each world size: " + "; ".join(loads) + ".",
-            table(results),
-        ]
-    )
-    args.out.write_text(text + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    print(text)
+    setup = f"torchrun --max-restarts 1, gloo, {args.repeats} job(s) per cell."
+    _report(args, "# tether: what a failure costs with Checkpointer", setup, library, loads, results, [table(results)])
 
 
 def _each_world(
@@ -320,25 +307,43 @@ def _each_world(
 
 
 def step_time_only(args: argparse.Namespace, library: dict[str, object]) -> None:
+    results, loads = _each_world(args, lambda world: measure_step_time(world, args.step_time_pairs))
+    setup = (
+        "torchrun, gloo, one thread per rank; the ~100 MB model (25M float32 parameters), 60 steps per job, the "
+        "steps after the first 5 timed; a checkpoint job saves every 10 steps with `Checkpointer(every=10)` "
+        f"(async). {args.step_time_pairs} pairs of jobs per world size, the two jobs of a pair back to back, "
+        "their order alternating."
+    )
+    after = (
+        "The mean counts the save steps (the snapshot on the training thread) and the steps the "
+        "background writer shares the CPU with; the median of steps, the figure of `resume.md`, "
+        "leaves the save steps out."
+    )
+    title = "# tether: step time with periodic async checkpoints"
+    _report(args, title, setup, library, loads, results, [step_time_table(results), after])
+
+
+def _report(
+    args: argparse.Namespace,
+    title: str,
+    setup: str,
+    library: dict[str, object],
+    loads: list[str],
+    results: list[dict[str, object]],
+    body: list[str],
+) -> None:
+    """Write ``args.out`` (markdown) and its ``.json``, and print the markdown."""
     import _proc
 
-    results, loads = _each_world(args, lambda world: measure_step_time(world, args.step_time_pairs))
     end = os.getloadavg()
     text = "\n\n".join(
         [
-            "# tether: step time with periodic async checkpoints",
+            title,
             f"`python benchmarks/resume.py {' '.join(sys.argv[1:])}` — {time.strftime('%Y-%m-%d %H:%M')}, "
-            f"{os.cpu_count()} cores, load average at end {end[0]:.1f}/{end[1]:.1f}/{end[2]:.1f}; torchrun, gloo, "
-            "one thread per rank; the ~100 MB model (25M float32 parameters), 60 steps per job, the steps after "
-            "the first 5 timed; a checkpoint job saves every 10 steps with `Checkpointer(every=10)` (async). "
-            f"{args.step_time_pairs} pairs of jobs per world size, the two jobs of a pair back to back, their "
-            "order alternating.",
+            f"{os.cpu_count()} cores, load average at end {end[0]:.1f}/{end[1]:.1f}/{end[2]:.1f}; {setup}",
             _proc.describe_library(library, _proc.library_state()),
             "Load before each world size: " + "; ".join(loads) + ".",
-            step_time_table(results),
-            "The mean counts the save steps (the snapshot on the training thread) and the steps the "
-            "background writer shares the CPU with; the median of steps, the figure of `resume.md`, "
-            "leaves the save steps out.",
+            *body,
         ]
     )
     args.out.write_text(text + "\n")

@@ -151,8 +151,9 @@ _PLAIN = frozenset({int, float, bool})
 _OPTIONS: dict[str, c10d.AllreduceOptions] = {}
 
 
-def _options(op: str) -> c10d.AllreduceOptions:
-    """The options of an asynchronous all-reduce by ``op`` (made once per op, never changed)."""
+def allreduce_options(op: str) -> c10d.AllreduceOptions:
+    """The options of an asynchronous all-reduce by ``op`` (made once per op, never changed;
+    also DDP's hook's, ``ddp.py``)."""
     options = _OPTIONS.get(op)
     if options is None:
         options = c10d.AllreduceOptions()
@@ -199,7 +200,7 @@ def all_reduce(
         _agree(ctx, members, f"all_reduce({op}, {_describe(t)})", timeout)
     ctx.check()  # never send into a job that already failed: the work would outlive the rank
     if type(tensor) in _PLAIN:  # tether's own 0-d tensor: straight to the group (see _OPTIONS)
-        work = (members.pg if members.pg is not None else ctx.pg).allreduce([t], _options(op))
+        work = (members.pg if members.pg is not None else ctx.pg).allreduce([t], allreduce_options(op))
     else:
         work = c10d.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
     # what follows the issue overlaps the transfer; only the checks above delay it

@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d  # torch's own, not the raw-call wrapper
 from torch._C._distributed_c10d import GradBucket
 from torch.nn.parallel import DistributedDataParallel
 
@@ -40,6 +39,7 @@ from ._core.context import Context
 from ._core.rawcalls import run_outside
 from ._core.runtime import current
 from ._core.verdicts import OUTSIDE, expire
+from .collectives import allreduce_options
 from .groups import world
 
 __all__ = ["register_comm_hook"]
@@ -142,9 +142,7 @@ class _TetherHook:
         return parent.then(_value)
 
 
-_SUM = c10d.AllreduceOptions()  # an asynchronous sum: DDP's bucket, straight to its group (never changed)
-_SUM.reduceOp = c10d.ReduceOp(c10d.ReduceOp.SUM)
-_SUM.asyncOp = True
+_SUM = allreduce_options("SUM")  # an asynchronous sum: DDP's bucket, straight to its group
 
 
 def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:

@@ -152,9 +152,9 @@ def spawn(
         gen = generation(store, JOB_ID, -1 - node_rank)  # each node's launcher counts its own incarnations
         channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
         procs: dict[int, multiprocessing.process.BaseProcess] = {}
+        environ = dict(os.environ) if start_method == "forkserver" else None  # as of this attempt's start
         for local in range(nproc):
             topo = Topology(node_rank * nproc + local, world, local, nproc, nnodes, node_rank)
-            environ = dict(os.environ) if start_method == "forkserver" else None
             spec = _WorkerSpec(backend, topo, addr, store.port, timeout, options, os.getpid(), attempt, environ)
             procs[local] = mp.Process(
                 target=_worker, args=(spec, fn, args, kwargs_dict or {}), name=f"tether-rank-{topo.rank}", daemon=daemon
