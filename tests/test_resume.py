@@ -118,7 +118,10 @@ def test_the_emergency_saver_killed_mid_save_falls_back_to_the_last_periodic_sav
             d = json.loads(line)
             seen.setdefault((rank, d["epoch"], d["it"]), []).append(d["attempt"])
     twice = sorted(k for k, attempts in seen.items() if len(attempts) == 2)
-    assert [(e, i) for r, e, i in twice if r == 0] == [(1, 0), (1, 1)], twice
+    assert [(e, i) for r, e, i in twice if r == 1] == [(1, 0), (1, 1)], twice
+    # rank 0 may be stopped inside step 9 (torchrun's SIGTERM, 0.1 s after rank 1's exit,
+    # on a loaded machine) before it logged it: then only step 8 shows twice there
+    assert {(e, i) for r, e, i in twice if r == 0} in ({(1, 0), (1, 1)}, {(1, 0)}), twice
     ref, got = weights(reference), weights(tmp_path)
     assert all(torch.equal(ref[name], got[name]) for name in ref)
     assert res.leftovers == []
