@@ -1,0 +1,213 @@
+"""Step time with periodic checkpoints every 10 steps vs none, interleaved in the same processes.
+
+Usage::
+
+    python benchmarks/checkpoint_step.py                    # 2 and 4 ranks, ~12 minutes on 2 cores
+    python benchmarks/checkpoint_step.py --ranks 2 --rounds 4 --out /tmp/ckpt-trial
+
+Results go to ``--out`` + ``.md`` and + ``.json``, by default
+``benchmarks/results/checkpoint-step``. Target (issue 12): <= 1.02x.
+
+Why not separate jobs (``resume.py --step-time-pairs``): two jobs of the same kind differ
+by 5-10 % here from one to the next, more than the 2 % to be read. Here both contenders
+run in the same processes, over the same model, optimizer and process group, in
+interleaved blocks, the way ``ddp.py`` compares hooks.
+
+One torchrun job per world size (gloo, one thread per rank). Each rank builds the ~100 MB
+model of ``resume.py --big`` (six ``Linear(2048, 2048)``, 25.2M float32 parameters) with
+``tether.auto_model``, SGD, and one ``tether.Checkpointer(every=10)`` into a temporary
+directory (rank 0 saves). A *block* is 20 training steps (forward, loss, backward, SGD
+step, zero_grad) of one contender:
+
+* **none**: the loop as written without a Checkpointer;
+* **every 10, writer process**: the same steps inside ``ckpt.step(...)``: two periodic
+  saves per block, at its 5th and 15th step, and ``ckpt.wait()`` at its end, *inside* the
+  timing, so whatever a save costs (the snapshot on the training thread, the writer's
+  CPU, a wait for the writer) is charged to its own block and never spills into the next;
+* **every 10, writer thread**: the same through a second Checkpointer whose saves are
+  written by a thread of the training process, as off Linux (and as every save was
+  before ``tether/_ckpt_writer.py``): what the writer process changes, in the same run.
+
+Warm-up: a 15-step block of each (its save at step 10 starts the writer process and sizes
+its shared memory). Then ``--rounds`` rounds of one block of each, their order rotated and
+reversed from round to round; each block starts on an untimed ``dist.barrier()`` and its
+time is the slowest rank's. The figure is the median of the per-round ratios with their
+quartiles; a target is *met* when the upper quartile is within it. Before each world size the driver
+waits until the 1-minute load average is below ``--wait-load``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+BLOCK = 20  # steps per block: saves at its 5th and 15th step (every=10, after a 15-step warm-up block)
+WARMUP = 15
+
+
+def worker(rounds: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import tether
+
+    torch.set_num_threads(1)
+    tether.initialize("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = tether.auto_model(torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    objects = {"model": model, "optimizer": opt}
+    ckpt = tether.Checkpointer(objects, Path(out, "ckpt"), every=10, emergency=False)
+    threaded = tether.Checkpointer(objects, Path(out, "threaded"), every=10, emergency=False)
+    threaded._behind = None  # the writer off Linux (and before the writer process): a thread of this process
+    x = torch.full((8, 2048), 0.01)
+
+    def train() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    def none(n: int) -> None:
+        for _ in range(n):
+            train()
+
+    def saving(c: tether.Checkpointer) -> Any:
+        def block(n: int) -> None:
+            for _ in range(n):
+                with c.step(0, c.position.iteration):
+                    train()
+            c.wait()
+
+        return block
+
+    contenders = [("none", none), ("every10", saving(ckpt)), ("thread", saving(threaded))]
+    for _, block in contenders:
+        block(WARMUP)  # a save at step 10 (the writer started); the next blocks save at their 5th and 15th
+    samples: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for r in range(rounds):
+        order = contenders[r % 3 :] + contenders[: r % 3]  # rotated from round to round
+        for name, block in order if r % 2 == 0 else order[::-1]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            block(BLOCK)
+            samples[name].append((time.perf_counter() - t0) / BLOCK * 1e3)
+    mine = torch.tensor([samples[name] for name, _ in contenders], dtype=torch.float64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank per block
+    if rank == 0:
+        result = {f"{name}_ms": mine[i].tolist() for i, (name, _) in enumerate(contenders)}
+        saved = {d: len(list(Path(out, d).iterdir())) for d in ("ckpt", "threaded")}
+        print("RESULT " + json.dumps({"world": world, "rounds": rounds, **result, "saved": saved}), flush=True)
+    tether.finalize()
+
+
+def run_world(n: int, rounds: int) -> dict[str, Any]:
+    import _proc
+
+    with tempfile.TemporaryDirectory(prefix="tether-ckpt-step-") as out:
+        args = _proc.torchrun(n, __file__, "--worker", "--rounds", str(rounds), "--dir", out)
+        # a hang guard: a step took ~0.5 s at 4 ranks on 2 cores; this allows ~4x that
+        done = _proc.run(args, 300 + 2.0 * n * (3 * rounds + 3) * BLOCK / 4, env={"OMP_NUM_THREADS": "1"})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{n} ranks: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def table(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    import _proc
+
+    rows = [
+        "| ranks | contender | ms/step (IQR %) | ratio to no checkpoint (IQR) | verdict (<= 1.02) |",
+        "|---|---|---|---|---|",
+    ]
+    lines = []
+    for r in results:
+        none = r["none_ms"]
+        rows.append(f"| {r['world']} | no checkpoint | {_cell(none)} | 1 | |")
+        for key, label in (("every10", "save every 10, writer process"), ("thread", "save every 10, writer thread")):
+            q1, med, q3 = _proc.paired_ratios(r[f"{key}_ms"], none)
+            verdict = _proc.verdict(q1, q3, 1.02)
+            rows.append(
+                f"| {r['world']} | {label} | {_cell(r[f'{key}_ms'])} | {med:.3f}x ({q1:.3f} to {q3:.3f}) | {verdict} |"
+            )
+            lines.append(
+                f"{r['world']} ranks: {label} / no checkpoint = {med:.3f}x (IQR {q1:.3f}x to {q3:.3f}x; "
+                f"target <= 1.02x) {verdict}"
+            )
+        q1, med, q3 = _proc.paired_ratios(r["every10_ms"], r["thread_ms"])
+        lines.append(f"{r['world']} ranks: writer process / writer thread = {med:.3f}x (IQR {q1:.3f}x to {q3:.3f}x)")
+        lines.append(f"{r['world']} ranks: checkpoints written (process, thread): {r['saved']}")
+    return "\n".join(rows), lines
+
+
+def _cell(xs: list[float]) -> str:
+    import _proc
+
+    q1, med, q3 = _proc.quartiles(xs)
+    return f"{med:.1f} ({(q3 - q1) / med * 100:.0f}%)"
+
+
+def main() -> None:
+    import _proc
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint-step", help="OUT.md and OUT.json")
+    _proc.add_driver_options(parser)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.rounds, args.dir)
+        return
+    _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
+    library = [_proc.library_state()]
+    results, loads = [], []
+    for n in args.ranks:
+        quiet = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
+        t0 = time.monotonic()
+        results.append(run_world(n, args.rounds))
+        end = os.getloadavg()[0]
+        loads.append(f"{n} ranks: {quiet.describe()}, {end:.2f} at end ({time.monotonic() - t0:.0f} s)")
+        print(f"[{loads[-1]}]", flush=True)
+    library.append(_proc.library_state())
+    one, five, fifteen = os.getloadavg()
+    rows, lines = table(results)
+    text = "\n\n".join(
+        [
+            "# tether: step time with periodic checkpoints, interleaved in the same processes",
+            *([args.note] if args.note else []),
+            f"`python benchmarks/checkpoint_step.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
+            "torchrun, gloo, one thread per rank; the ~100 MB model (25.2M float32 parameters), SGD.",
+            _proc.describe_library(*library),
+            "Load (1-minute average) at the start of each world size, after waiting for it to drop below "
+            f"{args.wait_load:g}, and at its end: " + "; ".join(loads) + ".",
+            f"ms per step, median of {args.rounds} rounds of one {BLOCK}-step block of each contender (order "
+            "alternating), slowest rank per block; IQR = interquartile range in % of the median; ratio = median of "
+            "the per-round ratios with their quartiles. A block with saves holds two of them and ends with "
+            "`ckpt.wait()`, inside its time (see the module docstring).",
+            rows,
+            "\n".join(lines),
+        ]
+    )
+    print(text)
+    args.out.with_suffix(".md").write_text(text + "\n")
+    raw = {"results": results, "loads": loads, "none_median_ms": [statistics.median(r["none_ms"]) for r in results]}
+    args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
