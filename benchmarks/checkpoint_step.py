@@ -121,7 +121,8 @@ def run_world(n: int, rounds: int) -> dict[str, Any]:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{n} ranks: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    found: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return found
 
 
 def table(results: list[dict[str, Any]]) -> tuple[str, list[str]]:

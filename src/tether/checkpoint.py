@@ -46,8 +46,9 @@ writes nothing, and says why; so does every survivor of sharded training.
 
 **On disk.** A checkpoint is a directory ``step-<N>`` holding ``state.pt`` (the objects'
 state dicts, the position and the random states, ``torch.save``) and ``manifest.json``
-(format version, step, epoch, iteration, world size, the SHA-256 of ``state.pt``, and
-whether it was an emergency save). It is written as ``.tmp-step-<N>-<pid>``, flushed, and
+(format version, step, epoch, iteration, world size, the size of ``state.pt`` and a
+SHA-256 of its records' CRC-32s (``_ckpt_files`` says why), and whether it was an
+emergency save). It is written as ``.tmp-step-<N>-<pid>``, flushed, and
 renamed: a process killed mid-save leaves a ``.tmp-`` directory that ``resume`` never
 takes. ``resume`` refuses, with a warning naming why, a directory whose manifest is
 missing, unreadable, of another format or world size, or whose checksum does not match,
