@@ -132,3 +132,17 @@ def test_the_writer_ends_when_its_checkpointer_is_collected(tmp_path: Path) -> N
     del ckpt  # the save in progress is finished first
     assert proc.poll() is not None and proc.returncode == 0
     assert (tmp_path / "step-00000001" / "manifest.json").exists()
+
+
+def test_without_a_writer_process_a_thread_writes_the_saves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))  # the child cannot start
+    ckpt = tether.Checkpointer({"h": Holder({"w": torch.full((4,), 0.1)})}, tmp_path / "ckpt", every=1)
+    with caplog.at_level(logging.WARNING, logger="tether"):
+        with ckpt.step(0, 0):
+            pass
+        ckpt.wait()
+    assert "no checkpoint writer process" in caplog.text and "a thread writes the periodic saves" in caplog.text
+    assert ckpt._behind is None
+    assert torch.equal(saved(tmp_path / "ckpt", 1)["w"], torch.full((4,), 0.1))

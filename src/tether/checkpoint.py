@@ -225,7 +225,7 @@ class Checkpointer:
         done = self.position.step + 1
         saving = self.every is not None and done % self.every == 0
         if self._behind is not None and self.every is not None and rank == 0 and self._sharded is None:
-            self._behind.start()  # its imports overlap the steps before the first save
+            self._start_writer()  # its imports overlap the steps before the first save
         try:
             yield
             randomness = collectives.all_gather(_randomness.state()) if saving else None  # every rank's, at this point
@@ -321,13 +321,27 @@ class Checkpointer:
             state = {name: obj.state_dict() for name, obj in self.objects.items()}
             found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency=False)
             tree = {"objects": state, "position": dataclasses.asdict(position), "random": randomness}
-            self._behind.submit(tree, found, self.dirname, self.keep)
-            return
+            try:
+                self._behind.submit(tree, found, self.dirname, self.keep)
+                return
+            except OSError as exc:  # no shared memory, no process: this save and the next by a thread
+                self._no_writer(exc)
         state = self._snapshot(position, randomness)  # on this thread: the state of this very step
         self._writer = threading.Thread(
             target=self._write_behind, args=(state, position, world), name="tether-checkpoint", daemon=True
         )
         self._writer.start()
+
+    def _start_writer(self) -> None:
+        assert self._behind is not None
+        try:
+            self._behind.start()
+        except OSError as exc:
+            self._no_writer(exc)
+
+    def _no_writer(self, exc: OSError) -> None:
+        log.warning("tether: no checkpoint writer process (%s); a thread writes the periodic saves", exc)
+        self._behind = None
 
     def _write_behind(self, state: dict[str, Any], position: Position, world: int) -> None:
         """The periodic save's thread: it yields the CPU to training (Linux: a thread has its own nice)."""
