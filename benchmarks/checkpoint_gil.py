@@ -1,0 +1,109 @@
+"""How fast the training thread runs Python while a periodic save of ~100 MB is written.
+
+Usage::
+
+    python benchmarks/checkpoint_gil.py                 # ~1 minute, one process
+    python benchmarks/checkpoint_gil.py --out /tmp/gil
+
+Results go to ``--out`` + ``.md`` (default ``benchmarks/results/checkpoint-gil``).
+
+A training loop is not all C++: data loading in the main process, ignite's event
+handlers, metrics, logging run Python on the training thread. ``torch.save`` holds the
+GIL while it writes, so a writer *thread* slows that Python; a writer *process*
+(``tether/_ckpt_writer.py``) does not. Measured: one process (a job of one rank), a
+``tether.Checkpointer(every=1)`` over 25.2M float32 parameters (six 2048x2048 tensors),
+one thread for torch. Each trial ends a step (the snapshot, on the training thread, is
+not timed), then counts the iterations of a pure-Python loop over the next ``--window``
+seconds, while the save is being written, against the same loop with no save going on
+(measured just before). Trials alternate between a Checkpointer whose saves a writer
+process writes and one whose saves a thread writes; the figure is the median over trials
+of loop speed during the save / loop speed without one, with its quartiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+class _State:
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        self.tensors = tensors
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.tensors
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tensors = state
+
+
+def _spin(seconds: float) -> int:
+    n, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+def main() -> None:
+    import torch
+
+    import _proc
+    import tether
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=8, help="trials per writer (default 8)")
+    parser.add_argument("--window", type=float, default=0.15, help="seconds of loop after each save (default 0.15)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint-gil", help="OUT.md")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    library = [_proc.library_state()]
+    tensors = {f"w{i}": torch.randn(2048, 2048) for i in range(6)}
+    with tempfile.TemporaryDirectory(prefix="tether-gil-") as out:
+        writers = {
+            "process": tether.Checkpointer({"s": _State(tensors)}, Path(out, "p"), every=1, keep=2),
+            "thread": tether.Checkpointer({"s": _State(tensors)}, Path(out, "t"), every=1, keep=2),
+        }
+        writers["thread"]._behind = None  # as off Linux
+        speeds: dict[str, list[float]] = {name: [] for name in writers}
+        for i in range(args.trials + 2):  # the first two trials warm up (the child starts, pages fill)
+            for name in writers if i % 2 == 0 else reversed(writers):
+                ckpt = writers[name]
+                ckpt.wait()
+                idle = _spin(args.window)
+                with ckpt.step(0, ckpt.position.iteration):
+                    pass
+                busy = _spin(args.window)
+                ckpt.wait()
+                if i >= 2:
+                    speeds[name].append(busy / idle)
+    library.append(_proc.library_state())
+    rows = ["| writer | Python loop speed during a save / without (IQR) |", "|---|---|"]
+    for name, xs in speeds.items():
+        q1, med, q3 = _proc.quartiles(xs)
+        rows.append(f"| {name} | {med:.2f} ({q1:.2f} to {q3:.2f}) |")
+    one, five, fifteen = os.getloadavg()
+    text = "\n\n".join(
+        [
+            "# tether: Python on the training thread while a periodic save is written",
+            f"`python benchmarks/checkpoint_gil.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f}; one process, "
+            f"{args.trials} trials per writer, a {args.window:g} s loop after each save's snapshot (see the "
+            "module docstring).",
+            _proc.describe_library(*library),
+            "\n".join(rows),
+        ]
+    )
+    print(text)
+    args.out.with_suffix(".md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
