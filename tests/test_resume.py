@@ -83,11 +83,11 @@ def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterr
         assert torch.equal(ref[name], got[name]), name
 
 
+@pytest.mark.full
 @pytest.mark.timeout(2 * BOUND + 60)
 def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: Path, tmp_path: Path) -> None:
-    # rank 0 dies after its writer process wrote state.pt of step 8, before the manifest; rank 1
-    # saves the step it was in then (8, or 9 when rank 0's main thread got through step 8 first);
-    # the writer dies with rank 0 (no leftovers)
+    # rank 0 dies after state.pt of step 8 is written, before its manifest; rank 1 saves the
+    # step it was in then (8, or 9 when rank 0's main thread got through step 8 first)
     res = torchrun(tmp_path, "--every", "4", "--fail-step", "8", "--fail-rank", "9", "--kill-in-save", "periodic")
     out = res.output
     assert res.returncode == 0, out[-4000:]

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -53,37 +52,6 @@ def manifest(step: int, epoch: int, iteration: int, world: int, emergency: bool)
 
 def write_manifest(directory: Path, data: dict[str, Any]) -> None:
     (directory / "manifest.json").write_text(json.dumps(data, indent=1))
-
-
-def save(state: dict[str, Any], dirname: Path, found: dict[str, Any], keep: int | None) -> Path:
-    """Write ``state`` as the checkpoint ``found`` (a ``manifest``) describes; returns its path.
-
-    ``state.pt`` and the manifest go to ``.tmp-step-<N>-<pid>``, flushed, then renamed to
-    ``step-<N>``; then the oldest beyond ``keep`` are deleted. The training process calls
-    this for an emergency save, the periodic save's writer (``_ckpt_writer``) for the others.
-    """
-    import torch
-
-    final = dirname / f"step-{found['step']:08d}"
-    tmp = dirname / f".tmp-step-{found['step']:08d}-{os.getpid()}"
-    tmp.mkdir(parents=True, exist_ok=True)
-    torch.save(state, str(tmp / "state.pt"))  # torch's own writer: no Python callback per block
-    fsync(tmp / "state.pt")
-    write_manifest(tmp, {**found, **fingerprint(tmp / "state.pt")})
-    return publish(tmp, final, keep)
-
-
-def publish(tmp: Path, final: Path, keep: int | None) -> Path:
-    """Rename a complete ``.tmp-`` directory to its final name, then rotate (``keep``)."""
-    if final.exists():  # the same step saved before (a periodic save, then an emergency one)
-        shutil.rmtree(tmp)
-        return final
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
-    if keep is not None:
-        for _, path in steps(final.parent)[keep:]:
-            shutil.rmtree(path, ignore_errors=True)
-    return final
 
 
 def check(path: Path, world: int) -> tuple[str | None, dict[str, Any]]:

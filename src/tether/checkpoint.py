@@ -25,10 +25,11 @@ step, rank)``: any rank's random state at any step is a function of the position
 resumed run draws what the uninterrupted one drew, although no survivor can save the
 random state of a rank that died (``seed=None`` turns this off). After it, every
 ``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
-Python's, NumPy's) and rank 0 saves a periodic checkpoint: the state is copied into
-shared memory on the training thread, then written by a writer process (the step goes
-on; ``tether/_ckpt_writer.py`` says why a process, not a thread, and falls back to a
-thread where it cannot run, off Linux). A resume from
+Python's, NumPy's) and rank 0 saves a periodic checkpoint: the state is copied in memory
+on the main thread, then written by a background thread (the step goes on). A thread, not
+a process: ``torch.save`` leaves the GIL to the training thread while it writes, and a
+writer process, tried, did not change the step time
+(``benchmarks/results/checkpoint-writer-process.md``). A resume from
 a periodic checkpoint gives every rank its own random states back, so code that draws
 between steps continues exactly too.
 
@@ -84,7 +85,7 @@ from typing import Any
 import torch
 
 from . import _ckpt_files as _files
-from . import _ckpt_writer, _randomness, _sharded, collectives, syncs
+from . import _randomness, _sharded, collectives, syncs
 from ._core.runtime import current
 from ._core.verdicts import failure_behind_raw
 from .errors import PeerFailure, SyncMismatch, SyncTimeout, TetherError
@@ -161,10 +162,8 @@ class Checkpointer:
         self._optimizers = [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
-        # the periodic save's writer: a child process (Linux), else a thread of this process
-        self._behind = _ckpt_writer.Writer() if _ckpt_writer.available() else None
         self._writer: threading.Thread | None = None
-        self._copies: dict[tuple[Any, ...], torch.Tensor] = {}  # the thread's snapshot, reused save after save
+        self._copies: dict[tuple[Any, ...], torch.Tensor] = {}  # the snapshot's tensors, reused save after save
         self._foreign: list[str] = []
         self._sharded = _sharded_name(self.objects)  # a sharded module's name: saves go through DCP
         for opt in self._optimizers:
@@ -224,8 +223,6 @@ class Checkpointer:
         self._stepped = self._in_optimizer_step = False  # (an optimizer step that raised left it set)
         done = self.position.step + 1
         saving = self.every is not None and done % self.every == 0
-        if self._behind is not None and self.every is not None and rank == 0 and self._sharded is None:
-            self._start_writer()  # its imports overlap the steps before the first save
         try:
             yield
             randomness = collectives.all_gather(_randomness.state()) if saving else None  # every rank's, at this point
@@ -256,8 +253,6 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Wait for a periodic save still being written (the next save waits too)."""
-        if self._behind is not None:
-            self._behind.wait()
         if self._writer is not None:
             self._writer.join()
             self._writer = None
@@ -316,32 +311,12 @@ class Checkpointer:
 
     def _save_async(self, position: Position, randomness: Any) -> None:
         self.wait()
-        world = current().backend.topology.world_size
-        if self._behind is not None:  # copied into shared memory on this thread, written by the child
-            state = {name: obj.state_dict() for name, obj in self.objects.items()}
-            found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency=False)
-            tree = {"objects": state, "position": dataclasses.asdict(position), "random": randomness}
-            try:
-                self._behind.submit(tree, found, self.dirname, self.keep)
-                return
-            except OSError as exc:  # no shared memory, no process: this save and the next by a thread
-                self._no_writer(exc)
         state = self._snapshot(position, randomness)  # on this thread: the state of this very step
+        world = current().backend.topology.world_size
         self._writer = threading.Thread(
             target=self._write_behind, args=(state, position, world), name="tether-checkpoint", daemon=True
         )
         self._writer.start()
-
-    def _start_writer(self) -> None:
-        assert self._behind is not None
-        try:
-            self._behind.start()
-        except OSError as exc:
-            self._no_writer(exc)
-
-    def _no_writer(self, exc: OSError) -> None:
-        log.warning("tether: no checkpoint writer process (%s); a thread writes the periodic saves", exc)
-        self._behind = None
 
     def _write_behind(self, state: dict[str, Any], position: Position, world: int) -> None:
         """The periodic save's thread: it yields the CPU to training (Linux: a thread has its own nice)."""
@@ -375,11 +350,33 @@ class Checkpointer:
             _files.fsync(path)
         found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency=False)
         _files.write_manifest(tmp, {**found, "layout": "dcp", "sha256": _files.digest_files(tmp)})
-        _files.publish(tmp, final, self.keep)
+        self._publish(tmp, final)
 
     def _write(self, state: dict[str, Any], position: Position, world: int, emergency: bool) -> Path:
+        final = self.dirname / f"step-{position.step:08d}"
+        tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        torch.save(state, str(tmp / "state.pt"))  # torch's own writer: no Python callback per block
+        _files.fsync(tmp / "state.pt")
         found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency)
-        return _files.save(state, self.dirname, found, self.keep)
+        _files.write_manifest(tmp, {**found, **_files.fingerprint(tmp / "state.pt")})
+        return self._publish(tmp, final)
+
+    def _publish(self, tmp: Path, final: Path) -> Path:
+        """Rename a complete ``.tmp-`` directory to its final name, then rotate."""
+        if final.exists():  # the same step saved before (a periodic save, then an emergency one)
+            shutil.rmtree(tmp)
+            return final
+        os.rename(tmp, final)
+        _files.fsync_dir(self.dirname)
+        self._rotate()
+        return final
+
+    def _rotate(self) -> None:
+        if self.keep is None:
+            return
+        for _, path in _files.steps(self.dirname)[self.keep :]:
+            shutil.rmtree(path, ignore_errors=True)
 
     # --- finding ----------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 
 import torch
@@ -35,25 +36,22 @@ parser.add_argument("--kill-in-save", choices=["periodic", "emergency"], default
 def kill_in_save(kind: str, step: int) -> None:
     """Fault injection: SIGKILL rank 0 in the middle of writing a checkpoint (first attempt only).
 
-    ``state.pt`` is written, the manifest not yet. A periodic save is written by rank 0's
-    writer process, which ``writer_fault/sitecustomize.py`` makes kill rank 0; an emergency
-    save by rank 0 itself, whose ``torch.save`` this wraps.
+    Wraps the Checkpointer's writer: ``state.pt`` is written, the manifest not yet.
     """
-    if tether.get_rank() != 0:
-        return
-    if kind == "periodic":
-        inject = str(Path(__file__).resolve().parent / "writer_fault")
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [inject, os.environ.get("PYTHONPATH")]))
-        os.environ["TETHER_TEST_KILL_IN_PERIODIC_SAVE"] = str(step)
-        return
-    original = torch.save
+    from tether import checkpoint
+
+    original = checkpoint.torch.save
 
     def save(obj: object, f: object, *a: object, **kw: object) -> None:
         original(obj, f, *a, **kw)  # type: ignore[arg-type]
-        if isinstance(obj, dict) and obj.get("position") is not None:  # a checkpoint, not the final weights
+        position = obj.get("position") if isinstance(obj, dict) else None
+        if position is None or tether.get_rank() != 0:
+            return  # not a checkpoint (the final weights), or not the rank to kill
+        periodic = threading.current_thread().name == "tether-checkpoint"
+        if (kind == "periodic" and periodic and position["step"] == step) or (kind == "emergency" and not periodic):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    torch.save = save  # type: ignore[assignment]
+    checkpoint.torch.save = save  # type: ignore[assignment]
 
 
 def train(local_rank: int, args: argparse.Namespace) -> None:
