@@ -8,16 +8,16 @@ Usage::
 Results go to ``--out`` + ``.md`` (default ``benchmarks/results/checkpoint-gil``).
 
 A training loop is not all C++: data loading in the main process, ignite's event
-handlers, metrics, logging run Python on the training thread. ``torch.save`` holds the
-GIL while it writes, so a writer *thread* slows that Python; a writer *process*
-(``tether/_ckpt_writer.py``) does not. Measured: one process (a job of one rank), a
-``tether.Checkpointer(every=1)`` over 25.2M float32 parameters (six 2048x2048 tensors),
-one thread for torch. Each trial ends a step (the snapshot, on the training thread, is
-not timed), then counts the iterations of a pure-Python loop over the next ``--window``
-seconds, while the save is being written, against the same loop with no save going on
-(measured just before). Trials alternate between a Checkpointer whose saves a writer
-process writes and one whose saves a thread writes; the figure is the median over trials
-of loop speed during the save / loop speed without one, with its quartiles.
+handlers, metrics and logging run Python on the training thread, and the Checkpointer's
+writer is a thread of the same process. Were ``torch.save`` to hold the GIL while it
+writes, that Python would crawl during every save. Measured: one process (a job of one
+rank), a ``tether.Checkpointer(every=1, keep=2)`` over 25.2M float32 parameters (six
+2048x2048 tensors), one thread for torch. Each trial counts the iterations of a
+pure-Python loop over ``--window`` seconds with no save going on, ends a step (its
+snapshot, on the training thread, is not timed), then counts the same loop over the next
+``--window`` seconds while the writer thread writes. The figure is the median over
+trials of loop speed during the save / without, with its quartiles; the first two
+trials warm up.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main() -> None:
     import tether
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=8, help="trials per writer (default 8)")
+    parser.add_argument("--trials", type=int, default=8, help="trials (default 8)")
     parser.add_argument("--window", type=float, default=0.15, help="seconds of loop after each save (default 0.15)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint-gil", help="OUT.md")
     args = parser.parse_args()
@@ -67,35 +67,31 @@ def main() -> None:
     library = [_proc.library_state()]
     tensors = {f"w{i}": torch.randn(2048, 2048) for i in range(6)}
     with tempfile.TemporaryDirectory(prefix="tether-gil-") as out:
-        writers = {
-            "process": tether.Checkpointer({"s": _State(tensors)}, Path(out, "p"), every=1, keep=2),
-            "thread": tether.Checkpointer({"s": _State(tensors)}, Path(out, "t"), every=1, keep=2),
-        }
-        writers["thread"]._behind = None  # as off Linux
-        speeds: dict[str, list[float]] = {name: [] for name in writers}
-        for i in range(args.trials + 2):  # the first two trials warm up (the child starts, pages fill)
-            for name in writers if i % 2 == 0 else reversed(writers):
-                ckpt = writers[name]
-                ckpt.wait()
-                idle = _spin(args.window)
-                with ckpt.step(0, ckpt.position.iteration):
-                    pass
-                busy = _spin(args.window)
-                ckpt.wait()
-                if i >= 2:
-                    speeds[name].append(busy / idle)
+        ckpt = tether.Checkpointer({"s": _State(tensors)}, Path(out, "ckpt"), every=1, keep=2)
+        speeds: list[float] = []
+        for i in range(args.trials + 2):
+            ckpt.wait()
+            idle = _spin(args.window)
+            with ckpt.step(0, ckpt.position.iteration):
+                pass
+            busy = _spin(args.window)
+            ckpt.wait()
+            if i >= 2:
+                speeds.append(busy / idle)
     library.append(_proc.library_state())
-    rows = ["| writer | Python loop speed during a save / without (IQR) |", "|---|---|"]
-    for name, xs in speeds.items():
-        q1, med, q3 = _proc.quartiles(xs)
-        rows.append(f"| {name} | {med:.2f} ({q1:.2f} to {q3:.2f}) |")
+    q1, med, q3 = _proc.quartiles(speeds)
+    rows = [
+        "| writer | Python loop speed during a save / without (IQR) |",
+        "|---|---|",
+        f"| thread (the Checkpointer's) | {med:.2f} ({q1:.2f} to {q3:.2f}) |",
+    ]
     one, five, fifteen = os.getloadavg()
     text = "\n\n".join(
         [
             "# tether: Python on the training thread while a periodic save is written",
             f"`python benchmarks/checkpoint_gil.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f}; one process, "
-            f"{args.trials} trials per writer, a {args.window:g} s loop after each save's snapshot (see the "
+            f"{args.trials} trials, a {args.window:g} s loop after each save's snapshot (see the "
             "module docstring).",
             _proc.describe_library(*library),
             "\n".join(rows),

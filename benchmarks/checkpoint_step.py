@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/checkpoint_step.py                    # 2 and 4 ranks, ~12 minutes on 2 cores
+    python benchmarks/checkpoint_step.py                    # 2 and 4 ranks, ~10 minutes on 2 cores
     python benchmarks/checkpoint_step.py --ranks 2 --rounds 4 --out /tmp/ckpt-trial
 
 Results go to ``--out`` + ``.md`` and + ``.json``, by default
@@ -20,20 +20,21 @@ directory (rank 0 saves). A *block* is 20 training steps (forward, loss, backwar
 step, zero_grad) of one contender:
 
 * **none**: the loop as written without a Checkpointer;
-* **every 10, writer process**: the same steps inside ``ckpt.step(...)``: two periodic
-  saves per block, at its 5th and 15th step, and ``ckpt.wait()`` at its end, *inside* the
-  timing, so whatever a save costs (the snapshot on the training thread, the writer's
-  CPU, a wait for the writer) is charged to its own block and never spills into the next;
-* **every 10, writer thread**: the same through a second Checkpointer whose saves are
-  written by a thread of the training process, as off Linux (and as every save was
-  before ``tether/_ckpt_writer.py``): what the writer process changes, in the same run.
+* **every 10**: the same steps inside ``ckpt.step(...)``: two periodic saves per block,
+  at its 5th and 15th step, and ``ckpt.wait()`` at its end, *inside* the timing, so
+  whatever a save costs (the random states' all-gather, the snapshot on the training
+  thread, the writer thread's CPU, a wait for it) is charged to its own block and never
+  spills into the next.
 
-Warm-up: a 15-step block of each (its save at step 10 starts the writer process and sizes
-its shared memory). Then ``--rounds`` rounds of one block of each, their order rotated and
-reversed from round to round; each block starts on an untimed ``dist.barrier()`` and its
-time is the slowest rank's. The figure is the median of the per-round ratios with their
-quartiles; a target is *met* when the upper quartile is within it. Before each world size the driver
-waits until the 1-minute load average is below ``--wait-load``.
+The writer process of commit 74b90a5 was a third contender here until it was reverted
+(``benchmarks/results/checkpoint-writer-process.md``).
+
+Warm-up: a 15-step block of each (one save, at step 10). Then ``--rounds`` rounds of one
+block of each, their order alternating from round to round; each block starts on an
+untimed ``dist.barrier()`` and its time is the slowest rank's. The figure is the median
+of the per-round ratios with their quartiles; a target is *met* when the upper quartile
+is within it. Before each world size the driver waits until the 1-minute load average is
+below ``--wait-load``.
 """
 
 from __future__ import annotations
@@ -67,10 +68,7 @@ def worker(rounds: int, out: str) -> None:
     torch.manual_seed(0)
     model = tether.auto_model(torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]))
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    objects = {"model": model, "optimizer": opt}
-    ckpt = tether.Checkpointer(objects, Path(out, "ckpt"), every=10, emergency=False)
-    threaded = tether.Checkpointer(objects, Path(out, "threaded"), every=10, emergency=False)
-    threaded._behind = None  # the writer off Linux (and before the writer process): a thread of this process
+    ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(out, "ckpt"), every=10, emergency=False)
     x = torch.full((8, 2048), 0.01)
 
     def train() -> None:
@@ -91,13 +89,12 @@ def worker(rounds: int, out: str) -> None:
 
         return block
 
-    contenders = [("none", none), ("every10", saving(ckpt)), ("thread", saving(threaded))]
+    contenders = [("none", none), ("every10", saving(ckpt))]
     for _, block in contenders:
         block(WARMUP)  # a save at step 10 (the writer started); the next blocks save at their 5th and 15th
     samples: dict[str, list[float]] = {name: [] for name, _ in contenders}
     for r in range(rounds):
-        order = contenders[r % 3 :] + contenders[: r % 3]  # rotated from round to round
-        for name, block in order if r % 2 == 0 else order[::-1]:
+        for name, block in contenders if r % 2 == 0 else contenders[::-1]:
             dist.barrier()
             t0 = time.perf_counter()
             block(BLOCK)
@@ -106,7 +103,7 @@ def worker(rounds: int, out: str) -> None:
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank per block
     if rank == 0:
         result = {f"{name}_ms": mine[i].tolist() for i, (name, _) in enumerate(contenders)}
-        saved = {d: len(list(Path(out, d).iterdir())) for d in ("ckpt", "threaded")}
+        saved = len(list(Path(out, "ckpt").iterdir()))
         print("RESULT " + json.dumps({"world": world, "rounds": rounds, **result, "saved": saved}), flush=True)
     tether.finalize()
 
@@ -117,7 +114,7 @@ def run_world(n: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tether-ckpt-step-") as out:
         args = _proc.torchrun(n, __file__, "--worker", "--rounds", str(rounds), "--dir", out)
         # a hang guard: a step took ~0.5 s at 4 ranks on 2 cores; this allows ~4x that
-        done = _proc.run(args, 300 + 2.0 * n * (3 * rounds + 3) * BLOCK / 4, env={"OMP_NUM_THREADS": "1"})
+        done = _proc.run(args, 300 + 2.0 * n * (2 * rounds + 2) * BLOCK / 4, env={"OMP_NUM_THREADS": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{n} ranks: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -136,19 +133,14 @@ def table(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
     for r in results:
         none = r["none_ms"]
         rows.append(f"| {r['world']} | no checkpoint | {_cell(none)} | 1 | |")
-        for key, label in (("every10", "save every 10, writer process"), ("thread", "save every 10, writer thread")):
-            q1, med, q3 = _proc.paired_ratios(r[f"{key}_ms"], none)
-            verdict = _proc.verdict(q1, q3, 1.02)
-            rows.append(
-                f"| {r['world']} | {label} | {_cell(r[f'{key}_ms'])} | {med:.3f}x ({q1:.3f} to {q3:.3f}) | {verdict} |"
-            )
-            lines.append(
-                f"{r['world']} ranks: {label} / no checkpoint = {med:.3f}x (IQR {q1:.3f}x to {q3:.3f}x; "
-                f"target <= 1.02x) {verdict}"
-            )
-        q1, med, q3 = _proc.paired_ratios(r["every10_ms"], r["thread_ms"])
-        lines.append(f"{r['world']} ranks: writer process / writer thread = {med:.3f}x (IQR {q1:.3f}x to {q3:.3f}x)")
-        lines.append(f"{r['world']} ranks: checkpoints written (process, thread): {r['saved']}")
+        q1, med, q3 = _proc.paired_ratios(r["every10_ms"], none)
+        verdict = _proc.verdict(q1, q3, 1.02)
+        cell = _cell(r["every10_ms"])
+        rows.append(f"| {r['world']} | save every 10 | {cell} | {med:.3f}x ({q1:.3f} to {q3:.3f}) | {verdict} |")
+        lines.append(
+            f"{r['world']} ranks: save every 10 / no checkpoint = {med:.3f}x (IQR {q1:.3f}x to {q3:.3f}x; "
+            f"target <= 1.02x) {verdict}; {r['saved']} checkpoints written"
+        )
     return "\n".join(rows), lines
 
 
@@ -164,7 +156,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
+    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds (default 12)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint-step", help="OUT.md and OUT.json")
     _proc.add_driver_options(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
