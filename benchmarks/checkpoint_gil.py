@@ -17,7 +17,8 @@ pure-Python loop over ``--window`` seconds with no save going on, ends a step (i
 snapshot, on the training thread, is not timed), then counts the same loop over the next
 ``--window`` seconds while the writer thread writes. The figure is the median over
 trials of loop speed during the save / without, with its quartiles; the first two
-trials warm up.
+trials warm up. A control row shows what the measurement reads when the other thread
+does hold the GIL: a thread running a pure-Python loop over the same window.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -78,12 +80,22 @@ def main() -> None:
             ckpt.wait()
             if i >= 2:
                 speeds.append(busy / idle)
+        control = []
+        for _ in range(args.trials):
+            idle = _spin(args.window)
+            hog = threading.Thread(target=_spin, args=(args.window,))
+            hog.start()
+            busy = _spin(args.window)
+            hog.join()
+            control.append(busy / idle)
     library.append(_proc.library_state())
     q1, med, q3 = _proc.quartiles(speeds)
+    c1, cmed, c3 = _proc.quartiles(control)
     rows = [
         "| writer | Python loop speed during a save / without (IQR) |",
         "|---|---|",
         f"| thread (the Checkpointer's) | {med:.2f} ({q1:.2f} to {q3:.2f}) |",
+        f"| control: a thread running a pure-Python loop | {cmed:.2f} ({c1:.2f} to {c3:.2f}) |",
     ]
     one, five, fifteen = os.getloadavg()
     text = "\n\n".join(

@@ -130,10 +130,10 @@ def fsync(path: Path) -> None:
     """Flush ``path`` to disk, then drop it from the page cache.
 
     Dropping it is what keeps a periodic save cheap: the next save's pages reuse these
-    instead of fresh ones. Measured here (``torch.save`` of 100 MB into a new file, CPU
-    time): 0.27-0.35 s into fresh page-cache pages, 0.04-0.07 s once the previous save's
-    pages were dropped. It also keeps checkpoints from evicting what training reads (its
-    data set); a resume reads the file once, from disk.
+    instead of fresh ones. ``torch.save`` of 100 MB into a new file took 0.24-0.32 s of CPU
+    here while the earlier checkpoints stayed cached, 0.043 s once each was dropped
+    (``benchmarks/results/save-cpu.md``). It also keeps checkpoints from evicting what
+    training reads (its data set); a resume reads the file once, from disk.
     """
     fd = os.open(path, os.O_RDONLY)
     try:
