@@ -244,6 +244,24 @@ def command_line() -> str:
     return " ".join(out)
 
 
+def report(out: Path, title: str, setup: str, library: list[dict[str, object]], body: list[str]) -> None:
+    """Print a one-process benchmark's markdown and write it to ``out`` + ``.md``: the title,
+    the command, the machine and ``setup``, the library's state at the start and end
+    (``library``), then ``body``."""
+    one, five, fifteen = os.getloadavg()
+    text = "\n\n".join(
+        [
+            f"# {title}",
+            f"`python benchmarks/{Path(sys.argv[0]).name} {command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
+            f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f}; {setup}",
+            describe_library(*library),
+            *body,
+        ]
+    )
+    print(text)
+    out.with_suffix(".md").write_text(text + "\n")
+
+
 def add_driver_options(parser: Any, note: str = "the markdown copy", each: str = "world") -> None:
     """The options every benchmark driver takes: the load wait, SIGTERM, a note."""
     parser.add_argument(

@@ -24,7 +24,6 @@ does hold the GIL: a thread running a pure-Python loop over the same window.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import threading
@@ -97,20 +96,12 @@ def main() -> None:
         f"| thread (the Checkpointer's) | {med:.2f} ({q1:.2f} to {q3:.2f}) |",
         f"| control: a thread running a pure-Python loop | {cmed:.2f} ({c1:.2f} to {c3:.2f}) |",
     ]
-    one, five, fifteen = os.getloadavg()
-    text = "\n\n".join(
-        [
-            "# tether: Python on the training thread while a periodic save is written",
-            f"`python benchmarks/checkpoint_gil.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
-            f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f}; one process, "
-            f"{args.trials} trials, a {args.window:g} s loop after each save's snapshot (see the "
-            "module docstring).",
-            _proc.describe_library(*library),
-            "\n".join(rows),
-        ]
+    setup = (
+        f"one process, {args.trials} trials, a {args.window:g} s loop after each save's snapshot (see the module "
+        "docstring)."
     )
-    print(text)
-    args.out.with_suffix(".md").write_text(text + "\n")
+    title = "tether: Python on the training thread while a periodic save is written"
+    _proc.report(args.out, title, setup, library, ["\n".join(rows)])
 
 
 if __name__ == "__main__":

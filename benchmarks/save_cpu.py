@@ -66,19 +66,9 @@ def main() -> None:
     for way, label in labels.items():
         q1, med, q3 = _proc.quartiles(cpu[way])
         rows.append(f"| {label} | {med:.3f} ({q1:.3f} to {q3:.3f}) |")
-    one, five, fifteen = os.getloadavg()
-    text = "\n\n".join(
-        [
-            "# tether: CPU time of a 100 MB checkpoint write",
-            f"`python benchmarks/save_cpu.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
-            f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f}; one process, "
-            f"{args.repeats} writes each (see the module docstring).",
-            _proc.describe_library(*library),
-            "\n".join(rows),
-        ]
-    )
-    print(text)
-    args.out.with_suffix(".md").write_text(text + "\n")
+    setup = f"one process, {args.repeats} writes each (see the module docstring)."
+    title = "tether: CPU time of a 100 MB checkpoint write"
+    _proc.report(args.out, title, setup, library, ["\n".join(rows)])
 
 
 if __name__ == "__main__":
