@@ -9,9 +9,12 @@ once, on the same samples. The directory checks run in this process (one rank).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
+import mmap
+import os
 import re
 import sys
 from pathlib import Path
@@ -220,6 +223,41 @@ def test_a_resumed_checkpoint_restores_the_objects_state(tmp_path: Path) -> None
     start = tether.Checkpointer({"model": model}, tmp_path).resume()
     assert start.step == 3 and start.skips(0, 2) and not start.skips(0, 3)
     assert torch.allclose(model.weight, expected)
+
+
+def cached_pages(path: Path) -> int:
+    """How many of ``path``'s pages are in the page cache (Linux ``mincore``; maps, reads nothing)."""
+    size = path.stat().st_size
+    vec = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as fp:
+        mapped = mmap.mmap(fp.fileno(), size, access=mmap.ACCESS_COPY)  # writable: ctypes can take its address
+        try:
+            anchor = ctypes.c_char.from_buffer(mapped)
+            failed = libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vec)
+            del anchor
+        finally:
+            mapped.close()
+    if failed:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise (macOS)")
+def test_a_checkpoint_leaves_no_page_of_its_file_in_the_page_cache(tmp_path: Path) -> None:
+    # the next save then reuses those pages instead of fresh ones (benchmarks/results/save-cpu.md)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 512)  # ~1 MB: many pages
+    ckpt = tether.Checkpointer({"model": model}, tmp_path, every=1)
+    with ckpt.step(0, 0):
+        pass
+    ckpt.wait()
+    state = tmp_path / "step-00000001" / "state.pt"
+    pages = -(-state.stat().st_size // mmap.PAGESIZE)
+    assert pages > 64
+    assert cached_pages(state) <= 4  # the archive's directory, read back for the manifest after the drop
+    state.read_bytes()  # the check can see cached pages: reading puts them back
+    assert cached_pages(state) == pages
 
 
 def test_keep_rotates_only_when_asked(tmp_path: Path) -> None:
