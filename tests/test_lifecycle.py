@@ -117,6 +117,15 @@ def test_a_rank_reinitializing_on_the_same_port_waits_until_a_slow_hosts_old_sto
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
 
 
+@pytest.mark.timeout(90)
+def test_a_rank_reinitializing_on_the_same_port_after_destroy_waits_until_a_slow_hosts_old_store_has_closed() -> None:
+    # the same race through the user's own destroy_process_group: rank 1 destroyed and
+    # re-initialized at once, reached rank 0's old store, and lost it when rank 0 destroyed
+    # (seen in fresh-clone runs under load; rank 0 destroying 0.3 s later forces it)
+    res = python("lifecycle_cycles.py", "user", "env", bound=60.0, env={"LIFECYCLE_SLOW_HOST": "0.3"})
+    check_cycles(res, ("env",))
+
+
 @pytest.mark.timeout(180)
 def test_initialize_and_finalize_three_times_under_torchrun_where_the_agent_store_outlives_rounds() -> None:
     res = torchrun("lifecycle_cycles.py", "torchrun", "tether", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})

@@ -24,8 +24,9 @@ default grace (5 s). An exception is reported as ``LC {"event": "error", ...}`` 
 
 With ``LIFECYCLE_SLOW_HOST=S`` in the environment, rank 0 (the host of the ``env://`` store)
 sleeps S seconds at the end of each ``finalize``'s farewell, between its peer's last word
-and the store's close, as a loaded machine may; the local work after round 0 is skipped.
-A rank that does not wait for the old store to close reaches it on the next round's port.
+and the store's close, as a loaded machine may (KIND "tether"), or before each
+``destroy_process_group`` (KIND "user"); the local work after round 0 is skipped. A rank
+that does not wait for the old store to close reaches it on the next round's port.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def one_round(kind: str, init_method: str | None, rank: int, k: int) -> dict[str
     out["waited"] = round(time.monotonic() - t, 3)
     out["gathered"] = tether.all_gather(100 * k + rank)
     if kind == "user":
+        if rank == 0:
+            time.sleep(float(os.environ.get("LIFECYCLE_SLOW_HOST", "0")))  # the host destroys late
         dist.destroy_process_group()
     else:
         tether.finalize()

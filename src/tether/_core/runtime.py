@@ -340,6 +340,12 @@ def _wrap_destroy() -> None:
 
     Installed once, the first time tether watches a group; it calls torch's own function
     unchanged when tether has no context for the group being destroyed.
+
+    A rank that does not host the store then waits, up to ``CLOSE_WAIT``, until the host's
+    store has closed (as ``_leave`` does in ``finalize``): with ``env://`` a next
+    ``init_process_group`` uses the same port, and a rank that destroyed first and came
+    back at once reached the host's old store, which closed under it when the host
+    destroyed (torch's own race; seen in fresh-clone runs under load).
     """
     global _destroy_wrapped
     if _destroy_wrapped:
@@ -349,14 +355,25 @@ def _wrap_destroy() -> None:
     @functools.wraps(original)
     def destroy_process_group(group: Any = None) -> None:
         ctx = context.peek()
+        probe = None
         if ctx is not None and ctx.pg is not None and (group is None or group is ctx.pg):
             ctx.leaving = "destroyed its process group"
+            if _waits_for_host(ctx) and ctx.store is not None:
+                probe = StoreProbe(ctx.store)  # opened while the store is surely there
             retire(ctx, leave=True)
         original(group)
+        if probe is not None:
+            probe.wait_closed(CLOSE_WAIT)
 
     dist.destroy_process_group = destroy_process_group
     dist.distributed_c10d.destroy_process_group = destroy_process_group
     _destroy_wrapped = True
+
+
+def _waits_for_host(ctx: Context) -> bool:
+    """Whether ``ctx``'s rank, leaving on the happy path, waits for the store's host to close it."""
+    config = ctx.watchdog.config if ctx.watchdog is not None else None
+    return config is not None and config.store_host >= 0 and not ctx.hosts_store and not ctx.failed
 
 
 _atexit_registered = False
@@ -439,7 +456,7 @@ def _leave(ctx: Context) -> None:
         deadline = time.monotonic() + 2.0
         while int(ctx.store.add(seen, 0)) < ctx.channel.world_size - 1 and time.monotonic() < deadline:
             time.sleep(0.005)
-    elif ctx.watchdog.config.store_host >= 0:
+    elif _waits_for_host(ctx):
         retire(ctx)
         if wait_keys(ctx.store, [closing], 5.0, step=0.005):
             probe = StoreProbe(ctx.store)  # opened while the store is surely there

@@ -9,7 +9,7 @@ import contextlib
 import datetime
 import socket
 
-from torch._C._distributed_c10d import FileStore, Store, TCPStore
+from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
 
 
 def channel_beside(
@@ -68,11 +68,15 @@ class StoreProbe:
 
     Not a torch client: a torch client's read that fails logs a warning with a C++ stack.
     The server closes every connection when it shuts down; this one then reads end of
-    file. A store that is not a ``TCPStore`` (``file://``) gets no probe, and no wait.
+    file. A store that is not a ``TCPStore`` (``file://``) gets no probe, and no wait; a
+    ``PrefixStore`` (a user's group: ``init_process_group`` wraps its store) is probed at
+    the ``TCPStore`` beneath.
     """
 
     def __init__(self, store: Store) -> None:
         self._sock: socket.socket | None = None
+        while isinstance(store, PrefixStore):
+            store = store.underlying_store
         host, port = getattr(store, "host", None), getattr(store, "port", None)
         if isinstance(store, TCPStore) and host and port:
             with contextlib.suppress(OSError):
