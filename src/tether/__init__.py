@@ -5,7 +5,7 @@ any rank — an exception, an exit, a kill, a freeze, a stall — reaches every 
 within a bound, as an error naming the failing rank and its original exception.
 """
 
-from ._core.runtime import finalize as finalize
+from ._core.ending import finalize as finalize
 from ._core.runtime import initialize as initialize
 from ._core.runtime import set_local_rank as set_local_rank
 from ._core.runtime import sync as sync

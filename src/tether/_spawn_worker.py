@@ -24,10 +24,11 @@ from typing import Any
 from torch._C._distributed_c10d import TCPStore
 
 from ._core import context
+from ._core.ending import finalize
 from ._core.failures import report_failure
 from ._core.hooks import exit_code_for, is_success
 from ._core.options import Launch, Options
-from ._core.runtime import finalize, start
+from ._core.runtime import start
 from ._env import Topology
 from .errors import ExitCode
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from . import _checks
 from ._core import context
+from ._core.ending import finalize
 from ._core.failures import report_failure
-from ._core.runtime import current, finalize, initialize
+from ._core.runtime import current, initialize
 from .backends import check_backend
 from .spawn import spawn
 

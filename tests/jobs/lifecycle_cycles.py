@@ -76,16 +76,16 @@ def one_round(kind: str, init_method: str | None, rank: int, k: int) -> dict[str
 
 def slow_host(rank: int, seconds: float) -> None:
     """Make this rank, if it hosts the store, slow between its farewell and the store's close."""
-    from tether._core import runtime
+    from tether._core import ending
 
-    leave = runtime._leave
+    leave = ending._leave
 
     def slow(ctx: object) -> None:
         leave(ctx)  # type: ignore[arg-type]
         if rank == 0:
             time.sleep(seconds)
 
-    runtime._leave = slow  # type: ignore[assignment]
+    ending._leave = slow  # type: ignore[assignment]
 
 
 def rank_main(kind: str, method: str, rank: int, addresses: list[str | None]) -> None:

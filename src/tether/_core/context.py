@@ -1,6 +1,6 @@
 """The one process-wide context: backend, channel, watchdog and sync state.
 
-``runtime`` installs it and retires it; every getter only reads it. A context is bound to
+``runtime`` installs it and ``ending`` retires it; every getter only reads it. A context is bound to
 the default process group it serves (``pg``): when that group is destroyed or replaced,
 ``runtime.current`` notices (an identity comparison, no communication) and retires the
 context before anything else uses it. Without a context the process is serial: every

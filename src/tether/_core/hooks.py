@@ -14,7 +14,7 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
   may hold. The interpreter's wakeup fd is pointed at the watchdog's keeper, which wakes
   a main thread blocked in a store wait so that the handler runs within a round trip.
   What the signal means (a launcher's stop because a peer died?) is worked out after the
-  exception has unwound, by ``runtime.report_failure``.
+  exception has unwound, by ``failures.report_failure``.
 * **Ending.** Once an owned process's excepthook has started to end it, its exit code is
   decided: a SIGTERM or SIGINT then ends it at once *with that code* (after the failure
   is posted), not as a signal. torchrun SIGTERMs every worker 0.1 s after the first one

@@ -78,7 +78,7 @@ _MAIN = threading.main_thread()
 def install() -> None:
     """Wrap the functions of ``WRAPPED``, once per process, the first time tether watches a group.
 
-    Like ``dist.destroy_process_group``'s wrapper (``runtime.py``), they stay: without a
+    Like ``dist.destroy_process_group``'s wrapper (``ending.py``), they stay: without a
     context a wrapper calls torch's function unchanged.
     """
     if _originals:

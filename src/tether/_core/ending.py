@@ -1,0 +1,180 @@
+"""The context's end: retiring it, ``dist.destroy_process_group`` wrapped, ``finalize``, exit.
+
+A context retires *before* its group's store goes: its threads stop, its hooks come off,
+its ladder is disarmed, and the store's host tells every rank that the coming connection
+loss is a retirement, not a death (``retire``). ``dist.destroy_process_group`` is wrapped,
+while tether has a context, so that a user's destroy retires it first.
+
+``finalize`` ends the rank's part: on the happy path it records that the rank left and
+destroys the group (the store's host first waits until every rank left); after a failure
+it never blocks (see ``backends``) and ends the rank cleanly, ladder disarmed. Without
+``finalize``, the context retires at exit (``atexit``), before torch's teardown.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from . import context
+from .channel import wait_keys
+from .context import Context
+from .failures import report_failure
+from .stores import CLOSE_WAIT, StoreProbe
+
+log = logging.getLogger("tether")
+
+
+def retire(ctx: Context, *, leave: bool = False) -> None:
+    """End ``ctx``'s watch: threads stopped, hooks off, ladder disarmed; the group is left alone.
+
+    The store's host first tells every rank that its group is retiring (see
+    ``channel.py``). With ``leave`` the rank records a clean exit first.
+    """
+    if context.peek() is ctx:
+        context.uninstall()
+    if ctx.channel is None or ctx.watchdog is None:
+        return
+    with contextlib.suppress(Exception):
+        if leave and not ctx.failed:
+            ctx.channel.leave(ctx.leaving, ctx.seqs)
+    ctx.watchdog.stop(announce=ctx.hosts_store)  # only the store's host takes the store away
+    if ctx.hooks is not None:
+        ctx.hooks.uninstall(keep_exit=ctx.failed)
+
+
+_destroy_wrapped = False
+
+
+def wrap_destroy() -> None:
+    """Make ``dist.destroy_process_group`` retire tether's context before the group goes.
+
+    Installed once, the first time tether watches a group; it calls torch's own function
+    unchanged when tether has no context for the group being destroyed.
+
+    A rank that does not host the store then waits, up to ``CLOSE_WAIT``, until the host's
+    store has closed (as ``_leave`` does in ``finalize``): with ``env://`` a next
+    ``init_process_group`` uses the same port, and a rank that destroyed first and came
+    back at once reached the host's old store, which closed under it when the host
+    destroyed (torch's own race; seen in fresh-clone runs under load).
+    """
+    global _destroy_wrapped
+    if _destroy_wrapped:
+        return
+    original: Callable[..., None] = dist.destroy_process_group
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None) -> None:
+        ctx = context.peek()
+        probe = None
+        if ctx is not None and ctx.pg is not None and (group is None or group is ctx.pg):
+            ctx.leaving = "destroyed its process group"
+            if _waits_for_host(ctx) and ctx.store is not None:
+                probe = StoreProbe(ctx.store)  # opened while the store is surely there
+            retire(ctx, leave=True)
+        original(group)
+        if probe is not None:
+            probe.wait_closed(CLOSE_WAIT)
+
+    dist.destroy_process_group = destroy_process_group
+    dist.distributed_c10d.destroy_process_group = destroy_process_group
+    _destroy_wrapped = True
+
+
+def _waits_for_host(ctx: Context) -> bool:
+    """Whether ``ctx``'s rank, leaving on the happy path, waits for the store's host to close it."""
+    config = ctx.watchdog.config if ctx.watchdog is not None else None
+    return config is not None and config.store_host >= 0 and not ctx.hosts_store and not ctx.failed
+
+
+_atexit_registered = False
+
+
+def register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+
+
+def _at_exit() -> None:
+    """A process that never called ``finalize``: stop tether's threads before teardown."""
+    ctx = context.peek()
+    if ctx is not None:
+        ctx.leaving = "exited without finalize()"
+        retire(ctx, leave=True)
+
+
+def finalize() -> None:
+    """End this rank's part in the job; never blocks after a failure.
+
+    On the happy path the rank records that it left and destroys its process group (also
+    a group it adopted, as ignite does); the store's host waits until every rank has
+    left, so no rank loses the store early. After a failure it stops the watchdog's
+    threads, disarms the ladder, and aborts (NCCL) or drops the process group instead of
+    destroying it, which can block on a dead peer; the process may go on (a handled
+    ``PeerFailure``) and is not ended by tether.
+    """
+    in_flight = sys.exc_info()[1]  # finalize() in a `finally:` while an exception propagates
+    if in_flight is not None and context.peek() is not None:
+        report_failure(in_flight)  # else the hooks are gone before the excepthook could post it
+    ctx = context.peek()
+    if ctx is None or ctx.channel is None or ctx.watchdog is None:
+        return
+    clean = not ctx.failed
+    try:
+        if clean:
+            _leave(ctx)
+    except Exception as exc:
+        log.warning("tether: finalize could not record a clean exit: %s", exc)
+        clean = False
+    finally:
+        clean = clean and not ctx.failed
+        retire(ctx)
+        if ctx.owns_group:
+            ctx.backend.shutdown(clean)
+        elif clean and dist.is_initialized() and dist.group.WORLD is ctx.pg:
+            dist.destroy_process_group()
+        if not clean:
+            context.abandon_process_group()
+
+
+def _leave(ctx: Context) -> None:
+    """Record this rank's clean exit; the store's host waits for every rank's.
+
+    When a rank hosts the store, the others stop their watchdog threads while the store is
+    still there, then wait (up to 5 s) until the host is about to close it and say they
+    have seen that; the host waits (up to 2 s) for those acknowledgements. So no tether
+    connection is in use when the store closes (torch logs a warning for each that is).
+    Each of the others then waits (up to ``CLOSE_WAIT``) until the host's store has closed,
+    seen on a bare TCP connection (``stores.StoreProbe``): a next ``initialize`` on the same port
+    (``env://``) must not reach the old store on its way out. On a loaded machine a rank
+    that returned at once did: the old store closed under it, and its peer waited in the
+    new one for good.
+    """
+    assert ctx.channel is not None and ctx.store is not None and ctx.watchdog is not None
+    done, closing, seen = (ctx.channel.key("left", k) for k in ("all", "closing", "seen"))
+    if ctx.channel.leave(ctx.leaving, ctx.seqs) == ctx.channel.world_size:
+        ctx.store.set(done, "1")
+    if ctx.hosts_store:
+        while ctx.watchdog.failure is None:  # the host outlives the job, or its store would vanish
+            if wait_keys(ctx.store, [done], 0.5, step=0.01):
+                break
+        ctx.store.set(closing, "1")
+        deadline = time.monotonic() + 2.0
+        while int(ctx.store.add(seen, 0)) < ctx.channel.world_size - 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    elif _waits_for_host(ctx):
+        retire(ctx)
+        if wait_keys(ctx.store, [closing], 5.0, step=0.005):
+            probe = StoreProbe(ctx.store)  # opened while the store is surely there
+            ctx.store.add(seen, 1)
+            probe.wait_closed(CLOSE_WAIT)
