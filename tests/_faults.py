@@ -35,6 +35,11 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
                 its backward, the others wait in ``loss.backward()`` (DDP's gradient
                 all-reduce, through tether's communication hook; a stall row's timeout
                 is the job's ``sync_timeout``)
+    chain       a wait behind a wait: the victim is in user code; its partner (rank 0, or
+                1 when the victim is 0) waits for it in a raw ``dist.all_reduce`` on a
+                group of the two (``dist.new_group``); the others wait in a sync for both
+                (stall rows: ``barrier``; the timeout is the job's ``sync_timeout``, which
+                bounds the raw call too). The root cause is the victim, never the partner
 
 Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
 marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
@@ -71,7 +76,7 @@ FAILURES = (
     "sigint",
     "term_launcher",
 )
-PLACES = ("first", "waiting", "collective", "outside", "backward")
+PLACES = ("first", "waiting", "collective", "outside", "backward", "chain")
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
 
@@ -100,7 +105,7 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        if self.place == "backward" and self.timeout is not None:  # DDP's waits know no timeout= of their own
+        if self.place in ("backward", "chain") and self.timeout is not None:  # raw waits know no timeout= of their own
             options["sync_timeout"] = self.timeout
         return options
 
@@ -272,6 +277,26 @@ def run_case(case: Case) -> None:
 
     if case.place == "backward":
         _train(case, rank, seq, others)
+        return
+
+    if case.place == "chain":
+        import torch
+        import torch.distributed as dist
+
+        partner = 0 if case.victim != 0 else 1
+        pair = dist.new_group(sorted((partner, case.victim)))  # every rank makes it, as torch wants
+        if me_victim:
+            seq.wait(f"in/{r}" for r in others)
+            time.sleep(SETTLE)
+            inject(case, rank)
+        seq.mark(f"in/{rank}")
+        if rank == partner:
+            dist.all_reduce(torch.ones(1), group=pair)
+        elif case.failure == "stall":
+            idist.barrier(timeout=timeout)
+        else:
+            _value(rank, timeout)
+        idist.barrier(timeout=timeout)
         return
 
     raise AssertionError(f"unknown place {case.place!r}")

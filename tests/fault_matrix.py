@@ -116,8 +116,12 @@ def freeze(place: str, launcher: str, nproc: int, striker: int, **kw: Any) -> Ro
 
 
 def stall(place: str, launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
-    """The striker never arrives; the others' ``timeout=`` expires: SyncTimeout everywhere."""
-    root = (None, "SyncTimeout", f"rank(s) [{striker}] did not arrive")
+    """The striker never arrives; the others' ``timeout=`` expires: SyncTimeout everywhere.
+
+    tether's report (``tether.spawn``) names the striker as the root cause; torchrun's names
+    whichever rank's exit it saw first.
+    """
+    root = (striker if launcher == "spawn" else None, "SyncTimeout", f"rank(s) [{striker}] did not arrive")
     kw.setdefault("timeout", STALL_TIMEOUT)
     kw.setdefault("detect", STALL_TIMEOUT + PUSH)
     return Row("F5", "stall", place, launcher, nproc, striker, ("SyncTimeout",), root, **kw)
@@ -221,6 +225,10 @@ ROWS: list[Row] = [
     stall("first", "parallel", 4, 0, bound=B, full=True),
     stall("outside", "initialize", 4, 1, bound=B, full=True),
     stall("first", "spawn", 2, 0, bound=B, full=True),
+    # F5 behind a raw wait: the striker's partner waits for it in dist.all_reduce on their own group
+    stall("chain", "spawn", 4, 1, bound=B),
+    stall("chain", "initialize", 2, 1, bound=B, full=True),
+    raise_("F2", "chain", "initialize", 4, 2, bound=B, detect=PUSH, full=True),
     # F6: mismatched syncs
     mismatch("barrier", "spawn", 4, 2, bound=B, detect=None, full=True),
     mismatch("first", "initialize", 4, 1, bound=B, detect=None),

@@ -142,6 +142,28 @@ def test_initialize_and_finalize_three_times_under_torchrun_where_the_agent_stor
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
 
 
+# --- start-up ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_starts_later_than_sync_timeout_still_joins_and_raw_waits_stay_bounded() -> None:
+    res = torchrun("setup_late.py", nproc=2, bound=90.0, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode is not None and res.elapsed < 90.0, tail(res)
+    took = {e["rank"]: e["took"] for e in events(res, "initialized")}
+    assert sorted(took) == [0, 1], f"not every rank came up (sync_timeout bounded the start-up?)\n{tail(res)}"
+    assert took[0] > 2.5, took  # rank 0 waited for its late peer: 3 s, more than sync_timeout (1 s)
+    assert [e["total"] for e in events(res, "summed")] == [3, 3], tail(res)
+    (stall,) = events(res, "stall")
+    (raised,) = [e for e in events(res, "raised") if e["rank"] == 0]  # rank 1 gets torchrun's SIGTERM
+    assert raised["exc"] == "SyncTimeout", raised
+    assert "rank(s) [1] did not arrive" in raised["msg"], raised
+    after = raised["time"] - stall["time"]
+    assert 1.0 < after < 1.0 + 1.0 + 3.0, after  # sync_timeout, tether's margin (1 s), a whereabouts query
+    assert res.stderr.count("rank(s) [1] did not arrive") >= 1, tail(res)
+    assert res.returncode != 0, tail(res)
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
 # --- finalize disarms the ladder ------------------------------------------------------------
 
 

@@ -137,13 +137,17 @@ class SyncTimeout(TetherError, TimeoutError):
     """A sync waited longer than its ``timeout``.
 
     Raised on every rank of the sync. Names the ranks that had not arrived and what each
-    was doing when the timeout expired.
+    was doing when the timeout expired. A rank that had not arrived because it waits in
+    another call (a raw ``dist.all_reduce`` on a subgroup, say) waits for someone too: it
+    is named apart, and the root cause is a rank that was not inside any call.
 
     Attributes:
         call: the sync that timed out (``"barrier"``, ``"one_rank_first(rank=0)"``).
         timeout: the timeout in seconds.
         missing: the ranks that had not arrived.
         whereabouts: rank -> what that rank was doing (its tether call and Python stack).
+        waiting: the ranks of ``missing`` that were waiting in another call.
+        stalled: the others: the ranks that stalled.
     """
 
     exit_code = ExitCode.TIMEOUT
@@ -155,19 +159,28 @@ class SyncTimeout(TetherError, TimeoutError):
         missing: Sequence[int],
         whereabouts: Mapping[int, str],
         record: FailureRecord | None = None,
+        waiting: Sequence[int] = (),
     ) -> None:
         self.call = call
         self.timeout = timeout
         self.missing = list(missing)
         self.whereabouts = dict(whereabouts)
         self.record = record
-        lines = [f"{call} timed out after {timeout:g} s: rank(s) {self.missing} did not arrive"]
+        self.waiting = [r for r in self.missing if r in waiting]
+        self.stalled = [r for r in self.missing if r not in waiting]
+        if not self.missing:
+            head = f"{call} timed out after {timeout:g} s, although every rank was in it"
+        else:
+            head = f"{call} timed out after {timeout:g} s: rank(s) {self.stalled} did not arrive"
+        if self.waiting:
+            head += f" (nor did rank(s) {self.waiting}, waiting in other calls)"
+        lines = [head]
         for rank in sorted(self.whereabouts):
             lines.append(f"  rank {rank}: {self.whereabouts[rank]}")
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.call, self.timeout, self.missing, self.whereabouts, self.record))
+        return (type(self), (self.call, self.timeout, self.missing, self.whereabouts, self.record, self.waiting))
 
 
 class SyncMismatch(TetherError):

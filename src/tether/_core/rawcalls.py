@@ -6,9 +6,11 @@ broadcasts rank 0's parameters and checks every rank's shapes), the user's own
 ``ProcessGroup.abort()`` returns at once and leaves the call blocked), so tether bounds
 and explains them instead:
 
-* **Bounded**: with ``sync_timeout`` set, the process group tether creates gets gloo's
-  timeout ``sync_timeout + RAW_MARGIN`` (``runtime.start``): a raw call raises within it.
-  tether's own waits expire first, at ``sync_timeout``, with their own verdict.
+* **Bounded**: with ``sync_timeout`` set, the process group tether creates gets the
+  timeout ``sync_timeout + RAW_MARGIN`` once it exists (``runtime.start``), and so does
+  every group made with ``dist.new_group``, ``new_subgroups`` or ``split_group`` without a
+  ``timeout=`` of the user's: a raw call raises within it. tether's own waits expire
+  first, at ``sync_timeout``, with their own verdict. A ``timeout=`` the user passes wins.
 * **Named**: while the context lives, the functions of ``torch.distributed`` listed in
   ``WRAPPED`` are wrapped: the wrapper marks this rank's whereabouts ("in
   dist.broadcast (outside tether)"), so a peer's timeout names who did not arrive and
@@ -29,7 +31,9 @@ torch.distributed import all_reduce`` before tether started is not covered.
 
 from __future__ import annotations
 
+import datetime
 import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -73,6 +77,13 @@ _MAKES_GROUPS = ("new_group", "new_subgroups", "split_group")
 
 _originals: dict[str, Callable[..., Any]] = {}
 _MAIN = threading.main_thread()
+
+
+def bound(sync_timeout: float | None, timeout: datetime.timedelta | None) -> datetime.timedelta | None:
+    """The backend timeout of tether's groups: the user's ``timeout=``, else ``sync_timeout + RAW_MARGIN``."""
+    if timeout is not None or sync_timeout is None:
+        return timeout
+    return datetime.timedelta(seconds=sync_timeout + RAW_MARGIN)
 
 
 def install() -> None:
@@ -139,9 +150,20 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return run_outside(call, original, *args, **kwargs)
 
+    signature = inspect.signature(original) if name in _MAKES_GROUPS else None
+
     @functools.wraps(original)
     def makes_group(*args: Any, **kwargs: Any) -> Any:
         ctx = context.peek()
+        limit = bound(ctx.settings.timeout, None) if ctx is not None and ctx.watchdog is not None else None
+        if limit is not None and signature is not None:  # torch's default is 30 minutes, not the job's bound
+            try:
+                given = signature.bind_partial(*args, **kwargs)
+            except TypeError:
+                given = None  # torch raises its own error for these arguments
+            if given is not None and given.arguments.get("timeout") is None:
+                given.arguments["timeout"] = limit
+                args, kwargs = given.args, given.kwargs
         with nccl.error_handling(ctx.backend.backend() if ctx is not None else None):
             return run_outside(call, original, *args, **kwargs)
 

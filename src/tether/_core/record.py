@@ -202,7 +202,8 @@ def error_from_record(record: FailureRecord) -> TetherError:
     if record.kind == KIND_TIMEOUT:
         d = record.detail
         where = {int(k): v for k, v in d.get("whereabouts", {}).items()}
-        return SyncTimeout(d.get("call", "sync"), float(d.get("timeout", 0)), d.get("missing", []), where, record)
+        call, timeout = d.get("call", "sync"), float(d.get("timeout", 0))
+        return SyncTimeout(call, timeout, d.get("missing", []), where, record, d.get("waiting", []))
     if record.kind == KIND_MISMATCH:
         return SyncMismatch({int(k): v for k, v in record.detail.get("calls", {}).items()}, record)
     if record.kind in (KIND_LOST, KIND_SIGNAL):

@@ -41,12 +41,19 @@ from .hooks import Hooks
 from .liveness import HostJudge, NodeWatch
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
-from .rawcalls import RAW_MARGIN
 from .stores import channel_beside
 from .verdicts import OUTSIDE
 from .watchdog import Watchdog, WatchdogConfig
 
 log = logging.getLogger("tether")
+
+# How long the ranks may take to meet when the group is created, under ``sync_timeout``
+# and without a ``timeout=`` of the user's: the store's own timeout. ``sync_timeout``
+# bounds every wait once the group exists (``_set_pg_timeout``), not the start-up, where
+# ranks reach ``init_process_group`` as far apart as their imports take: with
+# ``sync_timeout=3`` a 4-rank job on a loaded 2-core machine failed in ``init`` itself.
+# A rank that fails or is lost meanwhile still ends the wait within ``grace`` (the ladder).
+SETUP_TIMEOUT = datetime.timedelta(minutes=5)
 
 # --- starting -------------------------------------------------------------------------
 
@@ -72,8 +79,8 @@ def start(
     chan_store = channel_store or store
     gen = generation(chan_store, job_id, topology.rank)
     prefix = Channel.make_prefix(job_id, gen)
-    if timeout is None and options.sync.timeout is not None:  # raw calls are bounded too (rawcalls.py)
-        timeout = datetime.timedelta(seconds=options.sync.timeout + RAW_MARGIN)
+    calls = rawcalls.bound(options.sync.timeout, timeout)  # raw calls are bounded too (rawcalls.py)
+    setup = SETUP_TIMEOUT if timeout is None and calls is not None else timeout
     native = NativeBackend.prepare(backend, topology)
     ctx = _watch(native, chan_store, prefix, hosts_store, options, launch, error_file, True, keep_alive, pg=None)
     # The group is made under the watchdog: NCCL's eager communicator set-up (``device_id``)
@@ -87,8 +94,10 @@ def start(
                 f"init_process_group({backend}) {OUTSIDE}",
                 native.create_group,
                 PrefixStore(f"pg/{job_id}/{gen}", store),
-                timeout,
+                setup,
             )
+        if calls is not None and calls != setup:
+            dist.distributed_c10d._set_pg_timeout(calls, dist.group.WORLD)
     except BaseException as exc:
         # no group: post why (a peer still waiting in its creation learns it), stop watching
         report_failure(exc)

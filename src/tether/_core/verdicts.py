@@ -60,9 +60,12 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
     at = f" {label}" if at is None else at
     missing = [r for r in group.members if r != me and not answers.get(r, "").split("\n", 1)[0].endswith(at)]
     where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
+    waiting = [r for r in missing if _in_a_call(where[r])]
+    if len(waiting) == len(missing):  # all inside calls: waiting on each other, none is the one
+        waiting = []
     call = f"{signature} {label}" if seq else signature
-    own = SyncTimeout(call, timeout, missing, where)
-    culprit = missing[0] if missing else me
+    own = SyncTimeout(call, timeout, missing, where, waiting=waiting)
+    culprit = own.stalled[0] if own.stalled else me
     record = FailureRecord(
         rank=culprit,
         kind=KIND_TIMEOUT,
@@ -73,10 +76,20 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
         host=socket.gethostname() if culprit == me else "",
         pid=os.getpid() if culprit == me else 0,
         reporter=me,
-        detail={"call": call, "timeout": timeout, "missing": missing, "whereabouts": where},
+        detail={"call": call, "timeout": timeout, "missing": missing, "whereabouts": where, "waiting": waiting},
     )
     own.record = record
     return post_and_pick(ctx, record, own)
+
+
+def _in_a_call(whereabouts: str) -> bool:
+    """Whether a rank's whereabouts answer puts it inside a call (waiting for someone).
+
+    The watchdog answers ``in <call>`` or ``in user code`` (``Watchdog.whereabouts``); a
+    rank that did not answer (frozen, dead, holding the GIL) is in no call it can name.
+    """
+    first = whereabouts.split("\n", 1)[0]
+    return first.startswith("in ") and first != "in user code"
 
 
 def mismatch(ctx: Context, group: Group, signature: str) -> TetherError:
