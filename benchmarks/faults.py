@@ -367,6 +367,37 @@ def idle_plain(seconds: float, outdir: str) -> None:
     Path(outdir, "plain.json").write_text(json.dumps(res))
 
 
+TICK = 0.5  # the keeper's period under torchrun (``watchdog.JUDGE_PERIOD``), for the ticker control
+
+
+def idle_ticker(seconds: float, outdir: str) -> None:
+    """The control for tether's threads: a thread that only wakes every ``TICK`` s and reads one /proc file.
+
+    What tether's keeper does when nothing fails (its judge reads a peer's ``/proc/<pid>/stat``),
+    and nothing else: on this VM a wake-up after a sleep is charged far more CPU time than
+    the work it does, and this row shows how much.
+    """
+    import select
+
+    import torch  # noqa: F401  (the same imports as a rank)
+
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            select.select([], [], [], TICK)
+            with open(f"/proc/{os.getppid()}/stat", "rb") as fp:
+                fp.read()
+
+    thread = threading.Thread(target=tick, name="ticker", daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    res = _idle_window(seconds)
+    stop.set()
+    res["native_threads"] = len(os.listdir("/proc/self/task"))
+    Path(outdir, "ticker.json").write_text(json.dumps(res))
+
+
 def measure_idle(n: int, seconds: float) -> dict[str, object]:
     import _proc
 
@@ -378,6 +409,7 @@ def measure_idle(n: int, seconds: float) -> dict[str, object]:
             "tether_torchrun": torchrun_args(n, "--_idle-torchrun", str(seconds), outdir),
             "raw": torchrun_args(n, "--_idle-raw", str(seconds), outdir),
             "plain": [sys.executable, me, "--_idle-plain", str(seconds), outdir],
+            "ticker": [sys.executable, me, "--_idle-ticker", str(seconds), outdir],
         }
         done: dict[str, _proc.Finished] = {}
         threads = [
@@ -406,7 +438,7 @@ def idle_table(idle: dict[str, object]) -> str:
         "| CPU ms in window, by thread | store ops in window, by thread | counter check |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    order = {"tether": 0, "tether_torchrun": 1, "raw": 2, "plain": 3}
+    order = {"tether": 0, "tether_torchrun": 1, "raw": 2, "plain": 3, "ticker": 4}
     for name in sorted(files, key=lambda s: (order.get(_idle_group(s), 9), s)):
         f = files[name]
         wall, cpu = float(f["wall"]), float(f["cpu"])  # type: ignore[arg-type]
@@ -787,6 +819,7 @@ def main() -> None:
     parser.add_argument("--_idle-torchrun", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_idle-raw", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_idle-plain", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--_idle-ticker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._launch:
         kind, n, outdir = args._launch
@@ -806,6 +839,9 @@ def main() -> None:
         return
     if args._idle_plain:
         idle_plain(float(args._idle_plain[0]), args._idle_plain[1])
+        return
+    if args._idle_ticker:
+        idle_ticker(float(args._idle_ticker[0]), args._idle_ticker[1])
         return
 
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
@@ -934,7 +970,10 @@ def main() -> None:
             "check: two probe operations on the channel's connections, one cloned before the wrap, counted). "
             "tether*: an initialized tether rank under `tether.spawn`; tether_torchrun*: one under torchrun "
             "(its keeper judges the host's other ranks); raw*: a torchrun gloo rank without tether; plain: a "
-            "process that imported torch. Targets: ≤0.1 % CPU, ≤1 store op/s per process.",
+            "process that imported torch; ticker: one that imported torch and whose one thread wakes every "
+            f"{TICK:g} s (the keeper's period under torchrun) to read one /proc file, the work of tether's keeper "
+            "when nothing fails, and nothing else (the control for what a wake-up is charged on this machine). "
+            "Targets: ≤0.1 % CPU, ≤1 store op/s per process.",
             "",
             idle_table(idle),
             "",

@@ -118,10 +118,10 @@ def freeze(place: str, launcher: str, nproc: int, striker: int, **kw: Any) -> Ro
 def stall(place: str, launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
     """The striker never arrives; the others' ``timeout=`` expires: SyncTimeout everywhere.
 
-    tether's report (``tether.spawn``) names the striker as the root cause; torchrun's names
-    whichever rank's exit it saw first.
+    The root cause is the striker, in tether's report and in torchrun's (the striker writes
+    its error file once the verdict names it: ``failures.blamed``).
     """
-    root = (striker if launcher == "spawn" else None, "SyncTimeout", f"rank(s) [{striker}] did not arrive")
+    root = (striker, "SyncTimeout", f"rank(s) [{striker}] did not arrive")
     kw.setdefault("timeout", STALL_TIMEOUT)
     kw.setdefault("detect", STALL_TIMEOUT + PUSH)
     return Row("F5", "stall", place, launcher, nproc, striker, ("SyncTimeout",), root, **kw)

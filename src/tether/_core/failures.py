@@ -56,6 +56,26 @@ def report_failure(exc: BaseException) -> BaseException | None:
     return None
 
 
+def blamed(ctx: Context, record: FailureRecord) -> None:
+    """A peer's timeout names this rank as the one that stalled: its error file says so now.
+
+    This rank is alive, stalled outside tether, and may never raise: torchrun SIGTERMs it
+    once a survivor has exited, and a SIGTERM leaves no error file. Its "Root Cause" then
+    showed exit code 143 and no story, or a survivor's file, by the timing of the run.
+    Written now, on the watchdog's thread, with the verdict's time (a survivor's file says
+    that time + 1), torchrun's root cause is this rank, with the timeout's message and
+    where this rank was (its whereabouts, in the message).
+    """
+    path = ctx.error_file
+    if path is None or os.path.exists(path):
+        return
+    error = error_from_record(record)
+    try:
+        errorfile.write(path, f"{type(error).__name__}: {error}", int(record.time or time.time()))
+    except OSError as err:
+        log.warning("tether: could not write this rank's error file: %s", err)
+
+
 def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
     """A thread of this rank failed: stop the main thread's wait too, as every peer's.
 

@@ -36,11 +36,12 @@ from . import context, nccl, rawcalls
 from .channel import Channel, clone, generation, has_queues
 from .context import Context
 from .ending import register_atexit, retire, wrap_destroy
-from .failures import report_failure
+from .failures import blamed, report_failure
 from .hooks import Hooks
 from .liveness import HostJudge, NodeWatch
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
+from .record import FailureRecord
 from .stores import channel_beside
 from .verdicts import OUTSIDE
 from .watchdog import Watchdog, WatchdogConfig
@@ -155,6 +156,11 @@ def _watch(
         ctx = made[0]() if made else None
         return ctx is not None and ctx.pg is not None and dist.group.WORLD is not ctx.pg
 
+    def on_blamed(record: FailureRecord) -> None:
+        ctx = made[0]() if made else None
+        if ctx is not None:
+            blamed(ctx, record)
+
     watchdog = Watchdog(
         channel,
         config,
@@ -162,6 +168,7 @@ def _watch(
         nodes=nodes if topo.nnodes > 1 and topo.local_rank == 0 and launch.node_beats else None,
         abort=backend.abort,
         group_gone=group_gone,
+        on_blamed=on_blamed,
     )
     # the main thread's syncs get their own connection: never delaying the group's, nor the watchdog's
     ctx = Context(

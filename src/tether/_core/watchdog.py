@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from ..errors import ExitCode, PeerLost, TetherError
+from ..errors import ExitCode, PeerLost, SyncTimeout, TetherError
 from .channel import ROOT_WAIT, Channel
 from .futures import Failables
 from .liveness import NodeWatch, PeerJudge
@@ -114,8 +114,10 @@ class Watchdog:
         group_gone: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         exit: Callable[[int], None] = os._exit,
+        on_blamed: Callable[[FailureRecord], None] = lambda record: None,
     ) -> None:
         self.channel = channel
+        self._on_blamed = on_blamed
         self.config = config
         self.judge = judge
         self.nodes = nodes
@@ -239,6 +241,9 @@ class Watchdog:
             wait = self._wait
         self._wake(wait, ABORT, client)
         self.failables.fail_all(error)
+        record = error.record if isinstance(error, SyncTimeout) else None
+        if record is not None and record.rank == self.channel.rank != record.reporter:
+            self._on_blamed(record)  # another rank's timeout names this one as the rank that stalled
         if self.config.grace is not None and not self._taken.is_set():
             self._arm(self.config.grace)
             threading.Thread(target=self._ladder, name="tether-ladder", daemon=True).start()
