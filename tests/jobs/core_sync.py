@@ -39,6 +39,11 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
     working = int(params.get("rank", 0))
     state = params["_state"]
     rank = idist.get_rank()
+    # The start line: gloo's rendezvous can return on one rank while its peer still
+    # finishes it; a working rank that fails at once then ends that peer inside
+    # ``initialize`` (a PeerFailure there, before this body could report it).
+    state["phase"] = "start"
+    idist.barrier()
     if scenario in ("first-raises", "first-thread"):
         state["phase"] = "one_rank_first"
         with idist.one_rank_first(rank=working):
