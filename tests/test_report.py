@@ -151,11 +151,34 @@ def test_tether_errors_survive_pickling() -> None:
         error_from_record(record()),
         error_from_record(record(kind=KIND_LOST)),
         SyncTimeout("barrier", 2.0, [1], {1: "in user code"}),
+        SyncTimeout("barrier", 2.0, [0, 1], {0: "in dist.all_reduce", 1: "in user code"}, waiting=[0]),
         SyncMismatch({0: "barrier", 1: "all_reduce"}),
         JobFailed(record(), {0: 1, 1: 3}, "report"),
     ):
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err)
+
+
+def test_a_timeout_names_the_stalled_ranks_apart_from_those_waiting_in_other_calls() -> None:
+    where = {0: "in dist.all_reduce (outside tether)", 1: "in user code"}
+    err = SyncTimeout("barrier #1", 5.0, [0, 1], where, waiting=[0])
+    assert (err.missing, err.stalled, err.waiting) == ([0, 1], [1], [0])
+    head = str(err).splitlines()[0]
+    assert (
+        head
+        == "barrier #1 timed out after 5 s: rank(s) [1] did not arrive (nor did rank(s) [0], waiting in other calls)"
+    )
+    plain = SyncTimeout("barrier #1", 5.0, [1], {1: "in user code"})
+    assert str(plain).splitlines()[0] == "barrier #1 timed out after 5 s: rank(s) [1] did not arrive"
+    nobody = SyncTimeout("dist.all_reduce", 5.0, [], {})
+    assert str(nobody) == "dist.all_reduce timed out after 5 s, although every rank was in it"
+    back = error_from_record(
+        record(
+            kind=KIND_TIMEOUT,
+            detail={"call": "barrier #1", "timeout": 5, "missing": [0, 1], "whereabouts": where, "waiting": [0]},
+        )
+    )
+    assert isinstance(back, SyncTimeout) and (back.stalled, back.waiting) == ([1], [0])
 
 
 # --- the report -----------------------------------------------------------------------
