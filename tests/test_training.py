@@ -71,6 +71,24 @@ def test_a_stall_before_ddps_constructor_is_a_sync_timeout_naming_the_stalled_ra
     assert res.leftovers == []
 
 
+def test_a_raw_wait_on_torchs_own_subgroup_ends_within_sync_timeout() -> None:
+    # DeviceMesh makes its rows with new_group, imported by name, and no timeout: torch's
+    # 30 minutes, until tether gave every new group the job's bound (sync_timeout + 1 s)
+    res = torchrun("mesh_stall.py", nproc=4, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode is not None and res.elapsed < BOUND, res.output[-3000:]
+    raised = {e["rank"]: e for e in lc_events(res, "raised")}
+    assert 0 in raised, res.output[-3000:]
+    e = raised[0]
+    assert e["exc"] == "SyncTimeout" and "rank(s) [1] did not arrive" in str(e["msg"]), e
+    assert "Timed out" in str(e["cause"]), e  # gloo's own timeout on the row, not a peer's exit
+    assert 2.0 < float(e["after"]) < 2.0 + 1.0 + 3.0, e  # type: ignore[arg-type]
+    for r in (2, 3):  # in user code when the verdict came: they raise it once they are ended
+        assert r not in raised or raised[r]["exc"] in ("SyncTimeout", "Terminated"), raised[r]
+    assert "rank(s) [1] did not arrive" in res.stderr.split("Root Cause (first observed failure):", 1)[-1]
+    assert res.returncode != 0
+    assert res.leftovers == []
+
+
 @pytest.mark.full  # the default run parses torchrun's Root Cause in test_launcher_output.py
 def test_torchruns_root_cause_section_shows_the_failing_ranks_own_error() -> None:
     res = torchrun("training_ddp.py", "torchrun", "raise", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})

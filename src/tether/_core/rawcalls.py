@@ -9,8 +9,10 @@ and explains them instead:
 * **Bounded**: with ``sync_timeout`` set, the process group tether creates gets the
   timeout ``sync_timeout + RAW_MARGIN`` once it exists (``runtime.start``), and so does
   every group made with ``dist.new_group``, ``new_subgroups`` or ``split_group`` without a
-  ``timeout=`` of the user's: a raw call raises within it. tether's own waits expire
-  first, at ``sync_timeout``, with their own verdict. A ``timeout=`` the user passes wins.
+  ``timeout=`` of the user's, also by torch's own modules (DeviceMesh's subgroups): a raw
+  call raises within it. tether's own waits expire first, at ``sync_timeout``, with their
+  own verdict. A ``timeout=`` the user passes wins. Not covered: DeviceMesh's
+  ``split_group`` path (NCCL groups bound to a device), which imported it by name.
 * **Named**: while the context lives, the functions of ``torch.distributed`` listed in
   ``WRAPPED`` are wrapped: the wrapper marks this rank's whereabouts ("in
   dist.broadcast (outside tether)"), so a peer's timeout names who did not arrive and
@@ -23,7 +25,8 @@ and explains them instead:
   did not arrive.
 
 The wrapper costs two attribute writes, the watchdog's lock twice (``begin_wait`` /
-``end_wait``) and a ``try`` per call. It covers code that looks
+``end_wait``), a ``try`` and a ``functools.partial`` per call (the ranks of the call's
+group, for a timeout's verdict, are worked out only after a failure). It covers code that looks
 the function up on the module at call time (``dist.all_reduce(...)``, and torch's own
 ``torch.distributed.utils``, which DDP's constructor uses); a name imported with ``from
 torch.distributed import all_reduce`` before tether started is not covered.
@@ -40,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from ..errors import TetherError
 from . import context, nccl
@@ -74,6 +78,7 @@ WRAPPED = (
     "split_group",
 )
 _MAKES_GROUPS = ("new_group", "new_subgroups", "split_group")
+_EVERY_NEW_GROUP = "_new_group_with_tag"  # torch's function behind new_group (torch 2.13)
 
 _originals: dict[str, Callable[..., Any]] = {}
 _MAIN = threading.main_thread()
@@ -99,6 +104,12 @@ def install() -> None:
         if original is not None:
             _originals[name] = original
             setattr(dist, name, _wrap(name, original))
+    # Every group made through new_group passes here, also from torch's own modules that
+    # imported ``new_group`` by name (DeviceMesh: its subgroups of a 2-D mesh, HSDP's)
+    inner = getattr(c10d, _EVERY_NEW_GROUP, None)
+    if inner is not None:
+        _originals[_EVERY_NEW_GROUP] = inner
+        setattr(c10d, _EVERY_NEW_GROUP, with_job_timeout(inner))
 
 
 def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -110,6 +121,17 @@ def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     failure behind it (``failure_behind_stop``); anything else passes unchanged. Inside
     a tether call, off the main thread, or without a context, ``fn`` just runs.
     """
+    return _outside(call, None, fn, args, kwargs)
+
+
+def _outside(
+    call: str,
+    members: Callable[[], tuple[int, ...] | None] | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``run_outside``; ``members`` names the ranks of the call's group, asked only after a failure."""
     ctx = context.peek()
     watchdog = ctx.watchdog if ctx is not None else None
     if ctx is None or watchdog is None or watchdog.current_call or threading.current_thread() is not _MAIN:
@@ -127,7 +149,8 @@ def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
         if isinstance(exc, TetherError):
             raise
         try:
-            failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"))
+            ranks = members() if members is not None else None
+            failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"), ranks)
         except Terminated:  # the launcher's SIGTERM while this rank asks: a peer died
             failure = failure_behind_stop(ctx)
         if failure is None:
@@ -145,18 +168,53 @@ def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
 
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     call = f"dist.{name.lstrip('_')} {OUTSIDE}"
+    try:
+        signature: inspect.Signature | None = inspect.signature(original)
+    except (TypeError, ValueError):  # a function of torch's C++ (DDP's helpers)
+        signature = None
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return run_outside(call, original, *args, **kwargs)
+        members = functools.partial(_group_ranks, signature, args, kwargs) if signature is not None else None
+        return _outside(call, members, original, args, kwargs)
 
-    signature = inspect.signature(original) if name in _MAKES_GROUPS else None
+    if name not in _MAKES_GROUPS:
+        return wrapper
+    bounded = with_job_timeout(original)
 
     @functools.wraps(original)
     def makes_group(*args: Any, **kwargs: Any) -> Any:
         ctx = context.peek()
+        with nccl.error_handling(ctx.backend.backend() if ctx is not None else None):
+            return run_outside(call, bounded, *args, **kwargs)
+
+    return makes_group
+
+
+def _group_ranks(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...] | None:
+    """The global ranks of the group a raw call was made on (None: all ranks, or not known)."""
+    try:
+        group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+        if group is None or group is dist.group.WORLD:
+            return None
+        return tuple(dist.get_process_group_ranks(group))
+    except Exception:  # a bad argument torch already refused, a group of another kind
+        return None
+
+
+def with_job_timeout(make: Callable[..., Any]) -> Callable[..., Any]:
+    """``make`` (a function that creates a group), given ``timeout=`` the job's bound when the caller gave none.
+
+    torch's default is 30 minutes, not the job's bound. Without a context, or without
+    ``sync_timeout``, ``make`` runs as called.
+    """
+    signature = inspect.signature(make)
+
+    @functools.wraps(make)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        ctx = context.peek()
         limit = bound(ctx.settings.timeout, None) if ctx is not None and ctx.watchdog is not None else None
-        if limit is not None and signature is not None:  # torch's default is 30 minutes, not the job's bound
+        if limit is not None:
             try:
                 given = signature.bind_partial(*args, **kwargs)
             except TypeError:
@@ -164,7 +222,6 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             if given is not None and given.arguments.get("timeout") is None:
                 given.arguments["timeout"] = limit
                 args, kwargs = given.args, given.kwargs
-        with nccl.error_handling(ctx.backend.backend() if ctx is not None else None):
-            return run_outside(call, original, *args, **kwargs)
+        return make(*args, **kwargs)
 
-    return makes_group if name in _MAKES_GROUPS else wrapper
+    return bounded

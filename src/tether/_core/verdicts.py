@@ -224,13 +224,16 @@ def _is_timeout(exc: BaseException) -> bool:
         return False
 
 
-def failure_behind_raw(ctx: Context, exc: BaseException, call: str) -> TetherError | None:
+def failure_behind_raw(
+    ctx: Context, exc: BaseException, call: str, members: tuple[int, ...] | None = None
+) -> TetherError | None:
     """The failure behind an error out of a torch.distributed call tether did not make.
 
     None when ``exc`` is not the backend's (a user's own error passes unchanged) and no
     failure is known. A known failure wins; else a backend timeout (gloo's, set from
     ``sync_timeout``: ``rawcalls.py``) becomes a ``SyncTimeout`` naming the ranks that
-    were not in a torch.distributed call; else the peers are asked where they are
+    were not in a torch.distributed call (of ``members``, the ranks of the call's group,
+    when known; else of all ranks); else the peers are asked where they are
     (``explain_backend_error``).
     """
     watchdog = ctx.watchdog
@@ -244,7 +247,9 @@ def failure_behind_raw(ctx: Context, exc: BaseException, call: str) -> TetherErr
     try:
         timeout = ctx.settings.timeout
         if _is_timeout(exc) and timeout is not None:
-            return watchdog.taken(expire(ctx, world, 0, call, timeout, at=OUTSIDE))
+            # a call on a subgroup waited for that group's members only: the verdict is theirs
+            on = world if members is None else Group("g" + ".".join(map(str, members)), members, None)
+            return watchdog.taken(expire(ctx, on, 0, call, timeout, at=OUTSIDE))
         return watchdog.taken(explain_backend_error(ctx, world, exc))
     except dist.DistNetworkError as err:
         return watchdog.taken(watchdog.store_lost(err))
