@@ -11,8 +11,9 @@ and explains them instead:
   every group made with ``dist.new_group``, ``new_subgroups`` or ``split_group`` without a
   ``timeout=`` of the user's, also by torch's own modules (DeviceMesh's subgroups): a raw
   call raises within it. tether's own waits expire first, at ``sync_timeout``, with their
-  own verdict. A ``timeout=`` the user passes wins. Not covered: DeviceMesh's
-  ``split_group`` path (NCCL groups bound to a device), which imported it by name.
+  own verdict. A ``timeout=`` (or ``pg_options``) the user passes wins. Not covered:
+  DeviceMesh's ``split_group`` path (NCCL groups bound to a device), which imported it
+  by name.
 * **Named**: while the context lives, the functions of ``torch.distributed`` listed in
   ``WRAPPED`` are wrapped: the wrapper marks this rank's whereabouts ("in
   dist.broadcast (outside tether)"), so a peer's timeout names who did not arrive and
@@ -26,10 +27,10 @@ and explains them instead:
 
 The wrapper costs two attribute writes, the watchdog's lock twice (``begin_wait`` /
 ``end_wait``), a ``try`` and a ``functools.partial`` per call (the ranks of the call's
-group, for a timeout's verdict, are worked out only after a failure). It covers code that looks
-the function up on the module at call time (``dist.all_reduce(...)``, and torch's own
-``torch.distributed.utils``, which DDP's constructor uses); a name imported with ``from
-torch.distributed import all_reduce`` before tether started is not covered.
+group, for a timeout's verdict, are worked out only after a failure). It covers code
+that looks the function up on the module at call time (``dist.all_reduce(...)``, and
+torch's own ``torch.distributed.utils``, which DDP's constructor uses); a name imported
+with ``from torch.distributed import all_reduce`` before tether started is not covered.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ WRAPPED = (
 )
 _MAKES_GROUPS = ("new_group", "new_subgroups", "split_group")
 _EVERY_NEW_GROUP = "_new_group_with_tag"  # torch's function behind new_group (torch 2.13)
+_OWN_TIMEOUT = ("timeout", "pg_options", "backend_options")  # a caller's own bound: not overridden
 
 _originals: dict[str, Callable[..., Any]] = {}
 _MAIN = threading.main_thread()
@@ -219,7 +221,8 @@ def with_job_timeout(make: Callable[..., Any]) -> Callable[..., Any]:
                 given = signature.bind_partial(*args, **kwargs)
             except TypeError:
                 given = None  # torch raises its own error for these arguments
-            if given is not None and given.arguments.get("timeout") is None:
+            # options of the caller's (NCCL's carry a timeout of their own) are left as given
+            if given is not None and not any(given.arguments.get(k) is not None for k in _OWN_TIMEOUT):
                 given.arguments["timeout"] = limit
                 args, kwargs = given.args, given.kwargs
         return make(*args, **kwargs)
