@@ -5,7 +5,8 @@ Each test runs a real job (``jobs/output_failure.py``: rank 1 raises inside
 terminal: how often the root cause's message appears, how many tracebacks, no warning
 lines, the launcher's exit code and every rank's. Plus the four asserts of every failure
 test: in bound, the survivors stopped with the documented error, the root cause named,
-nothing left.
+nothing left. One test (``jobs/output_host_gone.py``) checks that a rank whose store host
+has gone ends without a word to the closed store.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from _harness import Result, python, torchrun
+from _core import lc_events
+from _harness import Result, free_port, python, torchrun
 from tether import ExitCode
 
 BOUND = 90.0
@@ -138,3 +140,16 @@ def gate_line() -> int:
     """The line a victim's error points at: where rank 1 leaves ``one_rank_first`` (its raise)."""
     lines = Path(res_path()).read_text().splitlines()
     return next(n for n, line in enumerate(lines, 1) if "raise RuntimeError" in line)
+
+
+def test_a_stalled_rank_whose_store_host_has_gone_ends_without_writing_to_the_closed_store() -> None:
+    res = python("output_host_gone.py", str(free_port()), bound=BOUND)
+    assert res.returncode is not None and res.elapsed < BOUND, res.output[-3000:]
+    raised = {e["rank"]: e for e in lc_events(res, "raised")}
+    assert raised[0]["exc"] == "SyncTimeout" and "rank(s) [1] did not arrive" in raised[0]["msg"], raised
+    assert "ProcessRaisedException" in res.stderr and "did not arrive" in res.stderr  # mp.spawn's report
+    assert raised[1]["exc"] == "Terminated", raised  # mp.spawn's SIGTERM, in its user code
+    assert "could not post" not in res.output, res.output[-3000:]
+    assert "sendBytes failed" not in res.output and "frame #" not in res.output, res.output[-3000:]
+    assert res.returncode != 0
+    assert res.leftovers == []

@@ -42,8 +42,15 @@ def report_failure(exc: BaseException) -> BaseException | None:
             return behind
     try:
         if isinstance(exc, TetherError):
-            ctx.channel.mark_done("failed")
-            _write_error_file(ctx.error_file, exc, ctx.channel.root_cause(), victim=True)
+            if ctx.watchdog is not None and ctx.watchdog.store_going:
+                # nobody is left to read a mark, and a torch client that writes to a closed
+                # store logs a warning with a C++ stack: the error file says what this rank knows
+                known = getattr(exc, "record", None)
+                root = known if isinstance(known, FailureRecord) else None
+            else:
+                ctx.channel.mark_done("failed")
+                root = ctx.channel.root_cause()
+            _write_error_file(ctx.error_file, exc, root, victim=True)
         else:
             record = ctx.post_own(exc, where)
             root = ctx.channel.root_cause() if record is not None and record.seq != 1 else record

@@ -131,6 +131,7 @@ class Watchdog:
         self._taken = threading.Event()  # the main thread raised the failure, or finalize disarmed
         self._armed = False
         self.failure: TetherError | None = None
+        self.store_closed = threading.Event()  # a thread's connection found the store gone
         self.failables = Failables()  # futures a failure fails (DDP's hook: tether/ddp.py)
         self._wait = _Wait()
         self.current_call = ""  # what the main thread is doing, for whereabouts
@@ -291,6 +292,11 @@ class Watchdog:
         self.deliver(PeerLost(record), None)
         return self.failure or PeerLost(record)
 
+    @property
+    def store_going(self) -> bool:
+        """The store is gone (a thread's connection found it closed), or its host said it is going."""
+        return self.store_closed.is_set() or self._retiring.is_set()
+
     def _quiet_loss(self) -> bool:
         """A lost connection that is no failure: this context is stopping, or its group is gone."""
         return self._stop.is_set() or self._retiring.is_set() or self._group_gone()
@@ -317,6 +323,7 @@ class Watchdog:
                 elif message.startswith("ask:"):
                     self.channel.answer(client, int(message[4:]), self.whereabouts())
             except dist.DistNetworkError as exc:
+                self.store_closed.set()
                 if not self._quiet_loss():
                     self.store_lost(exc)
                 return
@@ -364,6 +371,7 @@ class Watchdog:
                     next_beat = now + self.config.heartbeat
                     self.post_and_deliver(self.nodes.check(client), client)
             except dist.DistNetworkError as exc:
+                self.store_closed.set()
                 if not self._quiet_loss():
                     self.store_lost(exc)
                 return
