@@ -34,21 +34,44 @@ def log(path: str, what: str, rank: int) -> None:
         fp.flush()
 
 
+def _store() -> Any:
+    from tether._core.runtime import current  # the job reaches into tether's store on purpose
+
+    store = current().store
+    assert store is not None, "the job needs tether's store"
+    return store.clone()
+
+
+def arrive(rank: int, working: int) -> None:
+    """A rank other than the working one says it is about to wait for it."""
+    if rank != working:
+        _store().set(f"core/in/{rank}", "1")
+
+
+def wait_for_the_others(working: int) -> None:
+    """The working rank fails only once every other rank waits for it (keys, not sleeps).
+
+    Without this, gloo's rendezvous could return on the working rank while a peer still
+    finished it: the working rank's failure then ended that peer inside ``initialize``,
+    a PeerFailure there, before this body could report it (seen in a fresh-clone run).
+    """
+    others = [f"core/in/{r}" for r in range(idist.get_world_size()) if r != working]
+    if others:
+        _store().wait(others)
+
+
 def body(local_rank: int, params: dict[str, Any]) -> None:
     scenario = params["scenario"]
     working = int(params.get("rank", 0))
     state = params["_state"]
     rank = idist.get_rank()
-    # The start line: gloo's rendezvous can return on one rank while its peer still
-    # finishes it; a working rank that fails at once then ends that peer inside
-    # ``initialize`` (a PeerFailure there, before this body could report it).
-    state["phase"] = "start"
-    idist.barrier()
     if scenario in ("first-raises", "first-thread"):
         state["phase"] = "one_rank_first"
+        arrive(rank, working)
         with idist.one_rank_first(rank=working):
             state["phase"] = "block"
             if rank == working:
+                wait_for_the_others(working)
                 if scenario == "first-thread":
                     threading.Thread(target=time.sleep, args=(600,), name="keeps-alive", daemon=False).start()
                 raise ValueError(message(rank))
@@ -56,10 +79,12 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
     elif scenario == "first-caught":
         linger = float(params.get("linger", 0))
         state["phase"] = "one_rank_first"
+        arrive(rank, working)
         try:
             with idist.one_rank_first(rank=working):
                 state["phase"] = "block"
                 if rank == working:
+                    wait_for_the_others(working)
                     raise ValueError(message(rank))
         except ValueError:
             state["phase"], state["since"] = "all_reduce", time.time()
@@ -75,9 +100,11 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
 
         @idist.one_rank_only(rank=working, with_barrier=True)
         def save() -> None:
+            wait_for_the_others(working)
             raise ValueError(message(rank))
 
         state["phase"] = "one_rank_only"
+        arrive(rank, working)
         save()
         state["phase"] = "after"
     elif scenario == "order":
