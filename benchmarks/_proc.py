@@ -277,6 +277,17 @@ def add_driver_options(parser: Any, note: str = "the markdown copy", each: str =
 # --- ratios measured side by side --------------------------------------------------------------
 
 
+def hundred_mb_tensors() -> dict[str, Any]:
+    """The ~100 MB state of the save benchmarks: six 2048x2048 float32 tensors (25.2M values), one torch thread.
+
+    The same size as the 100 MB model of ``ddp.py`` and ``checkpoint_step.py``.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    return {f"w{i}": torch.randn(2048, 2048) for i in range(6)}
+
+
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     """Lower quartile, median, upper quartile (min and max for fewer than 4 values)."""
     if len(xs) >= 4:

@@ -54,8 +54,6 @@ def _spin(seconds: float) -> int:
 
 
 def main() -> None:
-    import torch
-
     import _proc
     import tether
 
@@ -64,9 +62,8 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=0.15, help="seconds of loop after each save (default 0.15)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint-gil", help="OUT.md")
     args = parser.parse_args()
-    torch.set_num_threads(1)
     library = [_proc.library_state()]
-    tensors = {f"w{i}": torch.randn(2048, 2048) for i in range(6)}
+    tensors = _proc.hundred_mb_tensors()
     with tempfile.TemporaryDirectory(prefix="tether-gil-") as out:
         ckpt = tether.Checkpointer({"s": _State(tensors)}, Path(out, "ckpt"), every=1, keep=2)
         speeds: list[float] = []

@@ -40,9 +40,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8, help="writes of each way (default 8)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "save-cpu", help="OUT.md")
     args = parser.parse_args()
-    torch.set_num_threads(1)
     library = [_proc.library_state()]
-    state = {f"w{i}": torch.randn(2048, 2048) for i in range(6)}
+    state = _proc.hundred_mb_tensors()
     cpu: dict[str, list[float]] = {"kept": [], "dropped": [], "kept again": []}
     with tempfile.TemporaryDirectory(prefix="tether-save-cpu-", dir=os.environ.get("TMPDIR", "/tmp")) as out:
         for way in cpu:  # in blocks, not alternating: pages one way frees would serve the other's next write

@@ -26,8 +26,8 @@ and explains them instead:
   did not arrive.
 
 The wrapper costs two attribute writes, the watchdog's lock twice (``begin_wait`` /
-``end_wait``), a ``try`` and a ``functools.partial`` per call (the ranks of the call's
-group, for a timeout's verdict, are worked out only after a failure). It covers code
+``end_wait``) and a ``try`` per call (the ranks of the call's group, for a timeout's
+verdict, are worked out only after a failure). It covers code
 that looks the function up on the module at call time (``dist.all_reduce(...)``, and
 torch's own ``torch.distributed.utils``, which DDP's constructor uses); a name imported
 with ``from torch.distributed import all_reduce`` before tether started is not covered.
@@ -128,12 +128,12 @@ def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
 
 def _outside(
     call: str,
-    members: Callable[[], tuple[int, ...] | None] | None,
+    signature: inspect.Signature | None,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """``run_outside``; ``members`` names the ranks of the call's group, asked only after a failure."""
+    """``run_outside``; ``fn``'s ``signature`` finds the ranks of the call's group, after a failure only."""
     ctx = context.peek()
     watchdog = ctx.watchdog if ctx is not None else None
     if ctx is None or watchdog is None or watchdog.current_call or threading.current_thread() is not _MAIN:
@@ -151,7 +151,7 @@ def _outside(
         if isinstance(exc, TetherError):
             raise
         try:
-            ranks = members() if members is not None else None
+            ranks = _group_ranks(signature, args, kwargs) if signature is not None else None
             failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"), ranks)
         except Terminated:  # the launcher's SIGTERM while this rank asks: a peer died
             failure = failure_behind_stop(ctx)
@@ -177,8 +177,7 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        members = functools.partial(_group_ranks, signature, args, kwargs) if signature is not None else None
-        return _outside(call, members, original, args, kwargs)
+        return _outside(call, signature, original, args, kwargs)
 
     if name not in _MAKES_GROUPS:
         return wrapper
