@@ -43,8 +43,10 @@ def retire(ctx: Context, *, leave: bool = False) -> None:
         context.uninstall()
     if ctx.channel is None or ctx.watchdog is None:
         return
+    # a store whose host announced its retirement (it destroyed first) may be gone: a torch
+    # client that writes to it logs a warning with a C++ stack, and nobody would read the mark
     with contextlib.suppress(Exception):
-        if leave and not ctx.failed:
+        if leave and not ctx.failed and not ctx.watchdog.store_going:
             ctx.channel.leave(ctx.leaving, ctx.seqs)
     ctx.watchdog.stop(announce=ctx.hosts_store)  # only the store's host takes the store away
     if ctx.hooks is not None:
