@@ -40,6 +40,9 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
                 group of the two (``dist.new_group``); the others wait in a sync for both
                 (stall rows: ``barrier``; the timeout is the job's ``sync_timeout``, which
                 bounds the raw call too). The root cause is the victim, never the partner
+    p2p         as ``chain``, but the partner waits in a raw ``dist.recv`` from the victim
+                (gloo's point-to-point waits ignore the group's timeout: tether's
+                ``recv`` bounds its own)
 
 Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
 marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
@@ -76,7 +79,7 @@ FAILURES = (
     "sigint",
     "term_launcher",
 )
-PLACES = ("first", "waiting", "collective", "outside", "backward", "chain")
+PLACES = ("first", "waiting", "collective", "outside", "backward", "chain", "p2p")
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
 
@@ -105,7 +108,8 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        if self.place in ("backward", "chain") and self.timeout is not None:  # raw waits know no timeout= of their own
+        raw = ("backward", "chain", "p2p")  # raw waits know no timeout= of their own
+        if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
 
@@ -279,7 +283,7 @@ def run_case(case: Case) -> None:
         _train(case, rank, seq, others)
         return
 
-    if case.place == "chain":
+    if case.place in ("chain", "p2p"):
         import torch
         import torch.distributed as dist
 
@@ -290,7 +294,9 @@ def run_case(case: Case) -> None:
             time.sleep(SETTLE)
             inject(case, rank)
         seq.mark(f"in/{rank}")
-        if rank == partner:
+        if rank == partner and case.place == "p2p":
+            dist.recv(torch.zeros(1), src=case.victim)  # the victim never sends
+        elif rank == partner:
             dist.all_reduce(torch.ones(1), group=pair)
         elif case.failure == "stall":
             idist.barrier(timeout=timeout)

@@ -229,6 +229,10 @@ ROWS: list[Row] = [
     stall("chain", "spawn", 4, 1, bound=B),
     stall("chain", "initialize", 2, 1, bound=B, full=True),
     raise_("F2", "chain", "initialize", 4, 2, bound=B, detect=PUSH, full=True),
+    # F5 behind a point-to-point wait: the partner waits in dist.recv from the striker
+    stall("p2p", "initialize", 2, 1, bound=B),
+    stall("p2p", "spawn", 4, 2, bound=B, full=True),
+    raise_("F2", "p2p", "spawn", 4, 3, bound=B, detect=PUSH, full=True),
     # F6: mismatched syncs
     mismatch("barrier", "spawn", 4, 2, bound=B, detect=None, full=True),
     mismatch("first", "initialize", 4, 1, bound=B, detect=None),

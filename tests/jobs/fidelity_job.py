@@ -240,12 +240,38 @@ def messages(c: Checks, r: int, w: int) -> None:
         idist.auto_model(torch.nn.Sequential(torch.nn.Linear(20, 100), torch.nn.BatchNorm1d(100)), sync_bn=True)
 
 
+def point_to_point(c: Checks, r: int, w: int) -> None:
+    """torch's send and recv return what torch's do through tether's wrappers (``sync_timeout`` is set)."""
+    if r == 0:
+        dist.send(torch.tensor([0.1, 0.2]), 1)
+        dist.send(torch.tensor([0.3]), dst=2)
+        dist.send_object_list([{"a": 0.1}], dst=1)
+        got = torch.zeros(1)
+        c.eq("recv from any rank returns the sender", dist.recv(got), 1, int)
+        c.eq("recv from any rank fills the tensor", got, torch.tensor([7.0]))
+        with c.expect("send to itself", pytest.raises(ValueError, match=r"destination rank should not be the same")):
+            dist.send(torch.zeros(1), 0)
+    elif r == 1:
+        got = torch.zeros(2)
+        c.eq("recv(src=0) returns 0", dist.recv(got, 0), 0, int)
+        c.eq("recv(src=0) fills the tensor", got, torch.tensor([0.1, 0.2]))
+        objects: list[Any] = [None]
+        dist.recv_object_list(objects, src=0)
+        c.eq("recv_object_list", objects, [{"a": 0.1}])
+        dist.send(torch.tensor([7.0]), 0)
+    elif r == 2:
+        got = torch.zeros(1)
+        c.eq("recv(group_src=0) returns the global rank", dist.recv(got, group_src=0), 0, int)
+        c.eq("recv(group_src=0) fills the tensor", got, torch.tensor([0.3]))
+
+
 STEPS: list[tuple[str, Callable[[Checks, int, int], None]]] = [
     ("precision", precision),
     ("in_place", in_place),
     ("dtypes", dtypes),
     ("groups", groups),
     ("messages", messages),
+    ("point_to_point", point_to_point),
 ]
 
 
@@ -267,4 +293,4 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     launcher, nproc, params = parse_params(sys.argv[1:])
-    launch(launcher, nproc, params)
+    launch(launcher, nproc, params, sync_timeout=60)  # raw calls take tether's bounded paths

@@ -11,9 +11,13 @@ and explains them instead:
   every group made with ``dist.new_group``, ``new_subgroups`` or ``split_group`` without a
   ``timeout=`` of the user's, also by torch's own modules (DeviceMesh's subgroups): a raw
   call raises within it. tether's own waits expire first, at ``sync_timeout``, with their
-  own verdict. A ``timeout=`` (or ``pg_options``) the user passes wins. Not covered:
+  own verdict. A ``timeout=`` (or ``pg_options``) the user passes wins. gloo's
+  point-to-point calls ignore that timeout (a ``dist.recv`` from a stalled peer waits
+  forever), so the wrapped ``send`` and ``recv`` (also inside ``send_object_list`` and
+  ``recv_object_list``) wait on their async work with the same bound. Not covered:
   DeviceMesh's ``split_group`` path (NCCL groups bound to a device), which imported it
-  by name.
+  by name; the works of ``isend``, ``irecv`` and ``batch_isend_irecv``, whose ``wait()``
+  is the caller's (``work.wait(timeout)`` bounds it).
 * **Named**: while the context lives, the functions of ``torch.distributed`` listed in
   ``WRAPPED`` are wrapped: the wrapper marks this rank's whereabouts ("in
   dist.broadcast (outside tether)"), so a peer's timeout names who did not arrive and
@@ -41,8 +45,9 @@ import inspect
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
@@ -72,6 +77,10 @@ WRAPPED = (
     "scatter",
     "scatter_object_list",
     "monitored_barrier",
+    "send",
+    "recv",
+    "send_object_list",
+    "recv_object_list",
     "_broadcast_coalesced",  # DDP's constructor: rank 0's parameters and buffers
     "_verify_params_across_processes",  # DDP's constructor: every rank's shapes
     "new_group",  # gloo's rendezvous, NCCL's communicator split: C++ waits on every member
@@ -81,6 +90,9 @@ WRAPPED = (
 _MAKES_GROUPS = ("new_group", "new_subgroups", "split_group")
 _EVERY_NEW_GROUP = "_new_group_with_tag"  # torch's function behind new_group (torch 2.13)
 _OWN_TIMEOUT = ("timeout", "pg_options", "backend_options")  # a caller's own bound: not overridden
+# gloo's point-to-point waits ignore the group's timeout (measured: a blocking recv from a
+# stalled peer waits forever): tether's send and recv wait on the async work with the bound
+_P2P = {"send": "isend", "recv": "irecv"}
 
 _originals: dict[str, Callable[..., Any]] = {}
 _MAIN = threading.main_thread()
@@ -103,9 +115,14 @@ def install() -> None:
         return
     for name in WRAPPED:
         original = getattr(dist, name, None)
-        if original is not None:
-            _originals[name] = original
-            setattr(dist, name, _wrap(name, original))
+        if original is None:
+            continue
+        _originals[name] = original
+        if name in _P2P:
+            # torch's send_object_list and recv_object_list call these by their module names
+            original = bounded_p2p(original, getattr(c10d, _P2P[name]))
+            setattr(c10d, name, original)
+        setattr(dist, name, _wrap(name, original))
     # Every group made through new_group passes here, also from torch's own modules that
     # imported ``new_group`` by name (DeviceMesh: its subgroups of a 2-D mesh, HSDP's)
     inner = getattr(c10d, _EVERY_NEW_GROUP, None)
@@ -193,14 +210,73 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _group_ranks(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...] | None:
-    """The global ranks of the group a raw call was made on (None: all ranks, or not known)."""
+    """The global ranks a raw call waited for (None: all ranks, or not known).
+
+    Those of the call's group; for a point-to-point call, this rank and its peer.
+    """
     try:
-        group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+        given = signature.bind_partial(*args, **kwargs).arguments
+        peer = _peer(given)
+        if peer is not None:
+            return tuple(sorted({dist.get_rank(), peer}))
+        group = given.get("group")
         if group is None or group is dist.group.WORLD:
             return None
         return tuple(dist.get_process_group_ranks(group))
     except Exception:  # a bad argument torch already refused, a group of another kind
         return None
+
+
+def _peer(given: dict[str, Any]) -> int | None:
+    """The global rank a send or recv names (``dst``/``src``, or ``group_dst``/``group_src``); None: any, or none."""
+    group = cast(dist.ProcessGroup, given.get("group") or dist.group.WORLD)
+    for peer, group_peer in (("src", "group_src"), ("dst", "group_dst")):
+        if given.get(peer) is not None:
+            return int(given[peer])
+        if given.get(group_peer) is not None:
+            return dist.get_global_rank(group, given[group_peer])
+    return None
+
+
+def bounded_p2p(blocking: Callable[..., Any], start: Callable[..., Any]) -> Callable[..., Any]:
+    """``blocking`` (torch's ``send`` or ``recv``), waiting on ``start``'s async work with the job's bound.
+
+    Only for a CPU tensor with ``sync_timeout`` set: NCCL's own timeout covers its
+    point-to-point calls, and a timeout given to its ``wait`` would block the CPU. Else,
+    and for what torch refuses (a send to this rank itself), ``blocking`` runs as called.
+    ``start`` (``isend``, ``irecv``) takes the same arguments; ``recv`` returns the
+    sender's global rank, as torch's does.
+    """
+    signature = inspect.signature(blocking)
+
+    @functools.wraps(blocking)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        ctx = context.peek()
+        limit = bound(ctx.settings.timeout, None) if ctx is not None and ctx.watchdog is not None else None
+        try:
+            given = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            given = None  # torch raises its own error for these arguments
+        if limit is None or given is None or not _on_cpu(given.get("tensor")):
+            return blocking(*args, **kwargs)
+        other = _peer(given)
+        if other == dist.get_rank():
+            return blocking(*args, **kwargs)  # torch's ValueError
+        receives = blocking.__name__ == "recv"
+        work = start(*args, **kwargs)
+        if work is None:  # this rank is not in the group: torch warned
+            return -1 if receives else None
+        work.wait(limit)
+        if not receives:
+            return None
+        group = cast(dist.ProcessGroup, given.get("group") or dist.group.WORLD)
+        return other if other is not None else dist.get_global_rank(group, work._source_rank())
+
+    return bounded
+
+
+def _on_cpu(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
 
 
 def with_job_timeout(make: Callable[..., Any]) -> Callable[..., Any]:
