@@ -137,6 +137,24 @@ def test_an_exception_that_is_hard_to_render_still_reaches_the_peer(kind: str, e
 
 
 @pytest.mark.timeout(180)
+def test_a_main_decorated_with_torchs_record_still_shows_the_failing_rank_as_root_cause() -> None:
+    from _harness import torchrun
+
+    res = torchrun("torchrun_record.py", nproc=2, bound=120.0)
+    assert res.returncode == 1, tail(res)
+    struck = {e["rank"]: e["time"] for e in events(res, "struck")}
+    left = {e["rank"]: e["time"] for e in events(res, "left")}
+    assert int(struck[1]) == int(left[0]), (struck, left)  # the same second: a tie, but for tether's stamp
+    root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root), root
+    assert "RuntimeError: boom 0.1 from rank 1" in root and "PeerFailure" not in root, root
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: 3 ", res.stderr), tail(res)
+    victim = next(e for e in events(res, "raised") if e["rank"] == 0)
+    assert (victim["exc"], victim["failing"], victim["orig_msg"]) == ("PeerFailure", 1, "boom 0.1 from rank 1"), victim
+    assert res.leftovers == [], tail(res)
+
+
+@pytest.mark.timeout(180)
 def test_two_ranks_failing_in_the_same_second_under_torchrun_show_the_first_as_root_cause() -> None:
     from _harness import torchrun
 

@@ -58,6 +58,7 @@ class Context:
     settings: SyncSettings = dataclasses.field(default_factory=SyncSettings)
     hosts_store: bool = False  # wait for every rank to leave before closing the store
     error_file: str | None = None  # torchelastic's error file for this worker
+    wrote_own_error: bool = False  # tether wrote it for this rank's own failure, or for its blame
     pg: Any = None  # the default ProcessGroup this context serves (None: serial)
     owns_group: bool = False  # created by tether (initialize, spawn), not adopted
     keep_alive: Any = None  # objects whose lifetime is the context's (a channel's own TCPStore)

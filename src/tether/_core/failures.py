@@ -50,11 +50,11 @@ def report_failure(exc: BaseException) -> BaseException | None:
             else:
                 ctx.channel.mark_done("failed")
                 root = ctx.channel.root_cause()
-            _write_error_file(ctx.error_file, exc, root, victim=True)
+            _write_error_file(ctx, exc, root, victim=True)
         else:
             record = ctx.post_own(exc, where)
             root = ctx.channel.root_cause() if record is not None and record.seq != 1 else record
-            _write_error_file(ctx.error_file, exc, record, victim=False, root=root)
+            _write_error_file(ctx, exc, record, victim=False, root=root)
             if record is not None and threading.current_thread() is not threading.main_thread():
                 _wake_main_thread(ctx, record)
     except Exception as err:
@@ -79,6 +79,7 @@ def blamed(ctx: Context, record: FailureRecord) -> None:
     error = error_from_record(record)
     try:
         errorfile.write(path, f"{type(error).__name__}: {error}", int(record.time or time.time()))
+        ctx.wrote_own_error = True
     except OSError as err:
         log.warning("tether: could not write this rank's error file: %s", err)
 
@@ -94,7 +95,7 @@ def _wake_main_thread(ctx: Context, record: FailureRecord) -> None:
 
 
 def _write_error_file(
-    path: str | None,
+    ctx: Context,
     exc: BaseException,
     record: FailureRecord | None,
     victim: bool,
@@ -106,11 +107,18 @@ def _write_error_file(
     lowest rank) as its root cause. So a victim's file says the root cause's time + 1, and
     so does the file of a rank that failed on its own *after* another (its record is not
     seq 1): two failures within the same second then still show the first one.
+
+    A victim never covers the file tether wrote for this rank's own failure or blame. It
+    does cover one torch's ``@record`` wrote as the exception left ``main``: that file is
+    stamped with the time it was written, which can tie with the root cause's second, and
+    then torchrun named the lowest rank, a victim, as the root cause.
     """
-    if path is None or (victim and os.path.exists(path)):  # never cover this rank's own failure
+    path = ctx.error_file
+    if path is None or (victim and ctx.wrote_own_error):
         return
     stamp = int(record.time if record is not None and record.time else time.time()) + (1 if victim else 0)
     if not victim and root is not None and record is not None and root.seq != record.seq and root.time:
         stamp = max(stamp, int(root.time) + 1)
     message = f"{type(exc).__name__}: {exc}" if victim or record is None else record.headline
     errorfile.write(path, message, stamp, "" if victim or record is None else record.traceback)
+    ctx.wrote_own_error = ctx.wrote_own_error or not victim
