@@ -58,7 +58,6 @@ class Context:
     settings: SyncSettings = dataclasses.field(default_factory=SyncSettings)
     hosts_store: bool = False  # wait for every rank to leave before closing the store
     error_file: str | None = None  # torchelastic's error file for this worker
-    wrote_own_error: bool = False  # tether wrote it for this rank's own failure, or for its blame
     pg: Any = None  # the default ProcessGroup this context serves (None: serial)
     owns_group: bool = False  # created by tether (initialize, spawn), not adopted
     keep_alive: Any = None  # objects whose lifetime is the context's (a channel's own TCPStore)
@@ -70,6 +69,7 @@ class Context:
     posted: list[tuple[BaseException, FailureRecord]] = dataclasses.field(default_factory=list)  # own failures
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     leaving: str = "called finalize()"  # how this rank finishes, for a peer still waiting for it
+    wrote_own_error: bool = False  # tether wrote the error file for this rank's own failure, or for its blame
 
     def next_seq(self, group: str) -> int:
         """The number of this process's next sync on ``group`` (same on every member)."""

@@ -172,7 +172,16 @@ def _watch(
     )
     # the main thread's syncs get their own connection: never delaying the group's, nor the watchdog's
     ctx = Context(
-        backend, channel, watchdog, clone(store), options.sync, hosts_store, error_file, pg, owns_group, keep_alive
+        backend,
+        channel,
+        watchdog,
+        store=clone(store),
+        settings=options.sync,
+        hosts_store=hosts_store,
+        error_file=error_file,
+        pg=pg,
+        owns_group=owns_group,
+        keep_alive=keep_alive,
     )
     made.append(weakref.ref(ctx))
     ctx.hooks = Hooks(
