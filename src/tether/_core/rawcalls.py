@@ -253,11 +253,13 @@ def bounded_p2p(blocking: Callable[..., Any], start: Callable[..., Any]) -> Call
     def bounded(*args: Any, **kwargs: Any) -> Any:
         ctx = context.peek()
         limit = bound(ctx.settings.timeout, None) if ctx is not None and ctx.watchdog is not None else None
+        if limit is None:
+            return blocking(*args, **kwargs)
         try:
             given = signature.bind(*args, **kwargs).arguments
         except TypeError:
-            given = None  # torch raises its own error for these arguments
-        if limit is None or given is None or not _on_cpu(given.get("tensor")):
+            return blocking(*args, **kwargs)  # torch raises its own error for these arguments
+        if not _on_cpu(given.get("tensor")):
             return blocking(*args, **kwargs)
         other = _peer(given)
         if other == dist.get_rank():
