@@ -157,12 +157,14 @@ def _outside(
         return fn(*args, **kwargs)  # the whereabouts and the wait the watchdog knows are the main thread's
     watchdog.current_call = call
     start = time.monotonic()
-    world = Group("w", tuple(range(watchdog.channel.world_size)), None)
+
+    def on_stall() -> None:
+        world = Group("w", tuple(range(watchdog.channel.world_size)), None)
+        warn_stall(ctx, world, 0, call, time.monotonic() - start)
+
     try:
-        watchdog.begin_wait(  # nothing to wake: for the stall report only (it raises a known failure)
-            stall_at=start + ctx.settings.warn_after,
-            on_stall=lambda: warn_stall(ctx, world, 0, call, time.monotonic() - start),
-        )
+        # nothing to wake: for the stall report only (it raises a known failure)
+        watchdog.begin_wait(stall_at=start + ctx.settings.warn_after, on_stall=on_stall)
         return fn(*args, **kwargs)
     except RuntimeError as exc:
         if isinstance(exc, TetherError):
@@ -216,10 +218,11 @@ def _group_ranks(signature: inspect.Signature, args: tuple[Any, ...], kwargs: di
     """
     try:
         given = signature.bind_partial(*args, **kwargs).arguments
-        peer = _peer(given)
-        if peer is not None:
-            return tuple(sorted({dist.get_rank(), peer}))
         group = given.get("group")
+        for rank, group_rank in (("src", "group_src"), ("dst", "group_dst")):
+            peer = _peer(given.get(rank), group, given.get(group_rank))
+            if peer is not None:
+                return tuple(sorted({dist.get_rank(), peer}))
         if group is None or group is dist.group.WORLD:
             return None
         return tuple(dist.get_process_group_ranks(group))
@@ -227,14 +230,12 @@ def _group_ranks(signature: inspect.Signature, args: tuple[Any, ...], kwargs: di
         return None
 
 
-def _peer(given: dict[str, Any]) -> int | None:
-    """The global rank a send or recv names (``dst``/``src``, or ``group_dst``/``group_src``); None: any, or none."""
-    group = cast(dist.ProcessGroup, given.get("group") or dist.group.WORLD)
-    for peer, group_peer in (("src", "group_src"), ("dst", "group_dst")):
-        if given.get(peer) is not None:
-            return int(given[peer])
-        if given.get(group_peer) is not None:
-            return dist.get_global_rank(group, given[group_peer])
+def _peer(rank: int | None, group: Any, group_rank: int | None) -> int | None:
+    """The global rank a send or recv names (``dst``/``src``, or ``group_dst``/``group_src``); None: any."""
+    if rank is not None:
+        return int(rank)
+    if group_rank is not None:
+        return dist.get_global_rank(cast(dist.ProcessGroup, group or dist.group.WORLD), group_rank)
     return None
 
 
@@ -244,37 +245,50 @@ def bounded_p2p(blocking: Callable[..., Any], start: Callable[..., Any]) -> Call
     Only for a CPU tensor with ``sync_timeout`` set: NCCL's own timeout covers its
     point-to-point calls, and a timeout given to its ``wait`` would block the CPU. Else,
     and for what torch refuses (a send to this rank itself), ``blocking`` runs as called.
-    ``start`` (``isend``, ``irecv``) takes the same arguments; ``recv`` returns the
-    sender's global rank, as torch's does.
+    ``start`` (``isend``, ``irecv``) takes the same arguments, spelled out here as torch
+    2.13 has them (``inspect``'s binding cost 10 µs a call); ``recv`` returns the sender's
+    global rank, as torch's does.
     """
-    signature = inspect.signature(blocking)
+
+    def limit_for(tensor: Any) -> datetime.timedelta | None:
+        ctx = context.peek()
+        if ctx is None or ctx.watchdog is None or not _on_cpu(tensor):
+            return None
+        return bound(ctx.settings.timeout, None)
+
+    if blocking.__name__ == "send":
+
+        @functools.wraps(blocking)
+        def send(
+            tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
+        ) -> None:
+            limit = limit_for(tensor)
+            if limit is None or _peer(dst, group, group_dst) == dist.get_rank():
+                blocking(tensor, dst, group, tag, group_dst)  # a send to itself: torch's ValueError
+                return
+            work = start(tensor, dst, group, tag, group_dst)
+            if work is not None:  # None: this rank is not in the group, torch warned
+                work.wait(limit)
+
+        return send
 
     @functools.wraps(blocking)
-    def bounded(*args: Any, **kwargs: Any) -> Any:
-        ctx = context.peek()
-        limit = bound(ctx.settings.timeout, None) if ctx is not None and ctx.watchdog is not None else None
-        if limit is None:
-            return blocking(*args, **kwargs)
-        try:
-            given = signature.bind(*args, **kwargs).arguments
-        except TypeError:
-            return blocking(*args, **kwargs)  # torch raises its own error for these arguments
-        if not _on_cpu(given.get("tensor")):
-            return blocking(*args, **kwargs)
-        other = _peer(given)
-        if other == dist.get_rank():
-            return blocking(*args, **kwargs)  # torch's ValueError
-        receives = blocking.__name__ == "recv"
-        work = start(*args, **kwargs)
+    def recv(
+        tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
+    ) -> int:
+        limit = limit_for(tensor)
+        sender = _peer(src, group, group_src)
+        if limit is None or sender == dist.get_rank():
+            return int(blocking(tensor, src, group, tag, group_src))  # from itself: torch's ValueError
+        work = start(tensor, src, group, tag, group_src)
         if work is None:  # this rank is not in the group: torch warned
-            return -1 if receives else None
+            return -1
         work.wait(limit)
-        if not receives:
-            return None
-        group = cast(dist.ProcessGroup, given.get("group") or dist.group.WORLD)
-        return other if other is not None else dist.get_global_rank(group, work._source_rank())
+        if sender is not None:
+            return sender
+        return dist.get_global_rank(cast(dist.ProcessGroup, group or dist.group.WORLD), work._source_rank())
 
-    return bounded
+    return recv
 
 
 def _on_cpu(tensor: Any) -> bool:
