@@ -116,3 +116,21 @@ def wait_all(procs: dict[str, subprocess.Popen[bytes]], bound: float) -> dict[st
             proc.wait()
         emit("exit", name=name, code=codes[name])
     return codes
+
+
+def start_in_step() -> int:
+    """``tether.initialize("gloo")``, then sleep until 0.1 s past the next whole second but one.
+
+    Every rank wakes at the same wall-clock instant, early in a second: a failure and its
+    victims then share torchrun's one-second timestamp. Returns this rank.
+    """
+    import math
+
+    import tether  # here, not at the top: this module imports no torch
+
+    tether.initialize("gloo")
+    rank = tether.get_rank()
+    tether.barrier()
+    start = math.ceil(time.time()) + 1.1
+    time.sleep(start - time.time())
+    return rank

@@ -6,10 +6,9 @@ raises and rank 0 waits in a barrier. ``@record`` writes rank 0's error file as 
 torchrun's Root Cause must still be rank 1.
 """
 
-import math
 import time
 
-from lifecycle_common import emit, raised
+from lifecycle_common import emit, raised, start_in_step
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import tether
@@ -17,11 +16,7 @@ import tether
 
 @record
 def main() -> None:
-    tether.initialize("gloo")
-    rank = tether.get_rank()
-    tether.barrier()
-    start = math.ceil(time.time()) + 1.1
-    time.sleep(start - time.time())
+    rank = start_in_step()
     try:
         if rank == 1:
             emit("struck", rank=rank, time=time.time())

@@ -6,18 +6,13 @@ in a barrier. torchrun's error files have whole-second timestamps and ties go to
 lowest rank: tether's must still make torchrun's Root Cause rank 2.
 """
 
-import math
 import time
 
-from lifecycle_common import emit, raised
+from lifecycle_common import emit, raised, start_in_step
 
 import tether
 
-tether.initialize("gloo")
-rank = tether.get_rank()
-tether.barrier()
-start = math.ceil(time.time()) + 1.1
-time.sleep(start - time.time())
+rank = start_in_step()
 try:
     if rank == 2:
         emit("struck", rank=rank, time=time.time())
