@@ -274,6 +274,23 @@ def add_driver_options(parser: Any, note: str = "the markdown copy", each: str =
     parser.add_argument("--note", default="", help=f"a paragraph to put under the title of {note}")
 
 
+def pin_rank(local_rank: int) -> int:
+    """Pin every thread of this process to one core, ``local_rank``'s in turn; returns the core.
+
+    Unpinned, the scheduler moves a rank's threads (the main one, gloo's, tether's) between
+    the 2 cores of this machine as it likes, and two ranks' main threads sometimes share a
+    core: batch times then vary by tens of % from one batch to the next, whatever runs. One
+    core per rank (round-robin past the core count) is the layout a multi-core host gives
+    its ranks; every contender of a run has the same, so ratios stay fair.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[local_rank % len(cores)]
+    for tid in os.listdir("/proc/self/task"):  # threads started at import (torch's) too
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), {core})
+    return core
+
+
 # --- ratios measured side by side --------------------------------------------------------------
 
 

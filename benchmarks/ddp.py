@@ -1,8 +1,8 @@
-"""Cost of tether's DDP communication hook: a DDP training step with it vs without it.
+"""Cost of tether's guard on DDP's gradient all-reduce: a DDP training step with it vs without it.
 
 Usage::
 
-    python benchmarks/ddp.py                          # 2 and 4 ranks, ~6 minutes on 2 cores
+    python benchmarks/ddp.py                          # 2 and 4 ranks, ~13 minutes on 2 cores
     python benchmarks/ddp.py --ranks 2 --quick --out /tmp/ddp-trial
 
 Results go to ``--out`` + ``.md`` (the table) and + ``.json`` (the raw samples), by
@@ -10,48 +10,57 @@ default ``benchmarks/results/ddp.md`` and ``ddp.json``.
 
 What is compared: one training step (forward, loss, backward, ``optimizer.step()`` of
 SGD, ``zero_grad()``) of ``torch.nn.parallel.DistributedDataParallel`` as torch ships it
-(its built-in C++ all-reduce, no hook) vs the same DDP with tether's communication hook
-(``tether.register_comm_hook(model)``, which ``tether.auto_model`` registers too), and vs
-torch's own Python hook doing the same all-reduce (``default_hooks.allreduce_hook``): any
-hook divides the bucket in a pass of its own, which DDP's built-in path folds into its
-copy of the gradients (``reducer.cpp``), so the third contender shows what a hook costs
-before tether adds anything, for
+(its built-in C++ all-reduce, no hook), against
+
+* the same DDP guarded by tether (``tether.register_comm_hook(model)``, what
+  ``tether.auto_model`` does): DDP's built-in all-reduce, its reducer talking to the
+  group through tether (``tether/ddp.py``). The targets are about this one;
+* a second plain DDP, the *control*: what two identical contenders measure apart on
+  this machine, the noise floor of every ratio below;
+* DDP with torch's own Python hook doing the same all-reduce
+  (``default_hooks.allreduce_hook``), and the same hook behind tether's
+  (``tether.register_comm_hook(model, hook=allreduce_hook)``, the path of a user's own
+  hook): any hook divides the bucket in a pass of its own, which DDP's built-in path
+  folds into its copy of the gradients (``reducer.cpp``),
+
+for
 
 * a ~1 MB model (three ``Linear`` layers, 279k float32 parameters, batch 32: a bucket or two),
 * a ~100 MB model (six ``Linear(2048, 2048)``, 25.2M float32 parameters, batch 8: DDP's
-  25 MB buckets, so several hook calls per step); ``--quick`` uses ``Linear(1024, 1024)``
+  25 MB buckets, so several all-reduces per step); ``--quick`` uses ``Linear(1024, 1024)``
   (~25 MB) instead.
 
-Targets: hook/plain <= 1.05x for the ~1 MB model, <= 1.02x for the ~100 MB model.
+Targets: guarded/plain <= 1.05x for the ~1 MB model, <= 1.02x for the ~100 MB model.
 
 How: one torchrun job per world size (gloo on CPU, one thread per rank). Each rank calls
-``tether.initialize("gloo")`` and builds, for each model, three DDP instances from the
+``tether.initialize("gloo")`` and builds, for each model, five DDP instances from the
 same initial weights (deep copies, and DDP broadcasts rank 0's anyway) in the same process
-over the same process group: the plain one and the two hooked ones, each with its own SGD.
-Each rank feeds its own fixed batch (seeded by rank), the same to every contender.
+over the same process group, each with its own SGD. Each rank feeds its own fixed batch
+(seeded by rank), the same to every contender.
 
-Caveat, conservative for the hook: once a tether hook is registered,
-``torch.autograd.backward`` (through which ``loss.backward()`` goes) is wrapped process
-wide (``tether/ddp.py``), so the plain contender's backward passes through that wrapper
-too: the wrapper's cost is charged to both, and the ratio measures the hook itself (and
-the per-instance ``forward`` wrapper, which only the hooked model has). The plain
-contender is a separate DDP instance on which no hook is ever registered.
+Caveat, conservative for tether: once a model is guarded, ``torch.autograd.backward``
+(through which ``loss.backward()`` goes) is wrapped process wide (``tether/ddp.py``), so
+the plain contenders' backward passes through that wrapper too: the wrapper's cost is
+charged to all, and the ratio measures the guard itself (and the per-instance ``forward``
+wrapper, which only the guarded and tether-hooked models have).
 
 Noise: every contender is warmed up first (past DDP's bucket rebuild at its second
-iteration). Then contenders are interleaved: each *round* runs one timed batch of
-``--steps`` steps (default 50 for the ~1 MB model, 10 for the ~100 MB one; 20 rounds) of
-every contender, the three contenders of a model back to back in an order rotated from
-round to round (the order of the two models swapped every other round); every batch
-starts aligned on an untimed ``dist.barrier()``, and its cost per step is the slowest
-rank's batch time divided by the step count. The table gives each contender's median
-over rounds with its interquartile range (IQR, % of the median), and the ratio
-hook/plain as the median of the per-round ratios (the batches of a round ran side by
-side, under the same load) with their quartiles. A target is *met* when the upper
-quartile of the ratio is within it, *not met* when the IQR crosses it, *MISSED* when the
-whole IQR is above it. Before each world size the driver waits until the 1-minute load
-average is below ``--wait-load`` (default 1.5; polled every 20 s, up to ``--wait-max``
-s, then it measures anyway and says so); the result gives the load at the start and at
-the end of each world size.
+iteration). Then contenders are interleaved step by step: each *round* of a model starts
+aligned on an untimed ``dist.barrier()`` and runs ``--steps`` times (default 50 for the
+~1 MB model, 10 for the ~100 MB one; 20 rounds) one step of every contender in turn, in
+an order rotated from round to round (the order of the two models swapped every other
+round), each step timed on its own; a contender's cost per step in a round is its summed
+step time divided by the step count, of the slowest rank. Interleaving whole batches
+instead (one contender's 10 steps, then the next's) let the machine's load drift between
+the batches of a round: the control's ratio IQR was about +-4%. The table gives each contender's median
+over rounds with its interquartile range (IQR, % of the median), and the ratio to plain
+DDP as the median of the per-round ratios (the batches of a round ran side by side,
+under the same load) with their quartiles. A target is *met* when the upper quartile of
+the ratio is within it, *not met* when the IQR crosses it, *MISSED* when the whole IQR
+is above it. Before each world size the driver waits until the 1-minute load average is
+below ``--wait-load`` (default 1.5; polled every 20 s, up to ``--wait-max`` s, then it
+measures anyway and says so); the result gives the load at the start and at the end of
+each world size.
 """
 
 from __future__ import annotations
@@ -75,8 +84,13 @@ if TYPE_CHECKING:
     import torch
 
 TARGETS = {"small": 1.05, "large": 1.02}  # model: max ratio hook/plain
-PLAIN, TORCH_HOOK, HOOK = "plain DDP", "DDP + torch's allreduce_hook", "DDP + tether hook"
-KEYS = ((PLAIN, "plain_ms"), (TORCH_HOOK, "torch_hook_ms"), (HOOK, "hook_ms"))
+KEYS = (  # (contender, key of its samples); plain first: every ratio is to it
+    ("plain DDP", "plain_ms"),
+    ("plain DDP again (control)", "control_ms"),
+    ("DDP guarded by tether (auto_model)", "guarded_ms"),
+    ("DDP + torch's allreduce_hook", "torch_hook_ms"),
+    ("DDP + tether's hook around it", "hook_ms"),
+)
 WARMUP = 5  # steps per contender before timing (DDP rebuilds its buckets at the 2nd)
 
 
@@ -113,53 +127,65 @@ class _Contender:
         self.opt.zero_grad()
 
 
-def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
+def worker(rounds: int, quick: bool, steps: dict[str, int], pin: bool) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
+    import _proc
     import tether
 
     torch.set_num_threads(1)
+    if pin:
+        _proc.pin_rank(int(os.environ["LOCAL_RANK"]))
     tether.initialize("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batch
     models: list[dict[str, Any]] = []
-    trios: list[tuple[_Contender, _Contender, _Contender]] = []
+    groups: list[list[_Contender]] = []  # per model, one contender per KEYS entry, in its order
     for name, net, width, batch in _models(quick):
         x = torch.randn(batch, width, generator=data)
         out_width = net(x[:1]).shape[1]
         y = torch.randn(batch, out_width, generator=data)
         plain = DistributedDataParallel(copy.deepcopy(net))
+        control = DistributedDataParallel(copy.deepcopy(net))
+        guarded = DistributedDataParallel(copy.deepcopy(net))
+        tether.register_comm_hook(guarded)
         torch_hooked = DistributedDataParallel(copy.deepcopy(net))
         torch_hooked.register_comm_hook(None, default_hooks.allreduce_hook)
         hooked = DistributedDataParallel(net)
-        tether.register_comm_hook(hooked)
-        trios.append((_Contender(plain, x, y), _Contender(torch_hooked, x, y), _Contender(hooked, x, y)))
+        tether.register_comm_hook(hooked, hook=default_hooks.allreduce_hook)
+        groups.append([_Contender(m, x, y) for m in (plain, control, guarded, torch_hooked, hooked)])
         params = sum(p.numel() for p in net.parameters())
         nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
         models.append({"model": name, "params": params, "bytes": nbytes, "batch": batch, "steps": steps[name]})
-    for trio in trios:  # warm up every path (gloo's connections, DDP's bucket rebuild)
-        for c in trio:
+    for group in groups:  # warm up every path (gloo's connections, DDP's bucket rebuild)
+        for c in group:
             for _ in range(WARMUP):
                 c.step()
-    # per model: (plain, torch's hook, tether's hook) ms per step, one sample per round
-    samples: list[tuple[list[float], ...]] = [([], [], []) for _ in trios]
+    # per model, per contender (KEYS' order): ms per step, one sample per round
+    samples: list[list[list[float]]] = [[[] for _ in KEYS] for _ in groups]
+    everyone = list(range(len(KEYS)))
     for r in range(rounds):
         model_order = [0, 1] if (r // 2) % 2 == 0 else [1, 0]
         for m in model_order:
-            who_order = [0, 1, 2][r % 3 :] + [0, 1, 2][: r % 3]  # rotated from round to round
+            k = r % len(everyone)
+            who_order = everyone[k:] + everyone[:k]  # rotated from round to round
             if r % 2:
                 who_order.reverse()
-            for who in who_order:
-                c, n = trios[m][who], models[m]["steps"]
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    c.step()
-                samples[m][who].append((time.perf_counter() - t0) / n * 1e3)
+            n = models[m]["steps"]
+            spent = [0.0] * len(everyone)
+            dist.barrier()
+            # one step of each contender in turn, n times: they share every moment's load
+            for _ in range(n):
+                for who in who_order:
+                    t0 = time.perf_counter()
+                    groups[m][who].step()
+                    spent[who] += time.perf_counter() - t0
+            for who in everyone:
+                samples[m][who].append(spent[who] / n * 1e3)
     # the floor of any comm hook: DDP's own all-reduce divides each gradient by the world size
     # while copying it into its bucket; a hook gets the bucket filled and divides it again
     floor = torch.tensor([_hook_pass_ms(torch, info["bytes"]) for info in models], dtype=torch.float64)
@@ -172,10 +198,10 @@ def worker(rounds: int, quick: bool, steps: dict[str, int]) -> None:
         [
             max(
                 float((a - b).abs().max())
-                for other in (t, h)
-                for a, b in zip(p.ddp.parameters(), other.ddp.parameters(), strict=True)
+                for other in others
+                for a, b in zip(plain.ddp.parameters(), other.ddp.parameters(), strict=True)
             )
-            for p, t, h in trios
+            for plain, *others in groups
         ],
         dtype=torch.float64,
     )
@@ -205,8 +231,8 @@ def _hook_pass_ms(torch: Any, nbytes: int) -> float:
 # --- the driver ----------------------------------------------------------------------------
 
 
-def _ratios(model: dict[str, Any], key: str = "hook_ms", base: str = "plain_ms") -> tuple[float, float, float]:
-    """Quartiles of the per-round ratios ``key``/``base`` (default: tether's hook / plain DDP)."""
+def _ratios(model: dict[str, Any], key: str = "guarded_ms", base: str = "plain_ms") -> tuple[float, float, float]:
+    """Quartiles of the per-round ratios ``key``/``base`` (default: tether's guard / plain DDP)."""
     import _proc
 
     return _proc.paired_ratios(model[key], model[base])
@@ -217,7 +243,7 @@ def _label(model: dict[str, Any]) -> str:
     return f"{model['model']} ({model['params'] / 1e6:.2f}M params, {mb:.1f} MB, batch {model['batch']})"
 
 
-def run_world(n: int, rounds: int, quick: bool, steps: dict[str, int], bound: float) -> dict[str, Any]:
+def run_world(n: int, rounds: int, quick: bool, steps: dict[str, int], bound: float, pin: bool) -> dict[str, Any]:
     import _proc
 
     args = _proc.torchrun(
@@ -230,6 +256,7 @@ def run_world(n: int, rounds: int, quick: bool, steps: dict[str, int], bound: fl
         str(steps["small"]),
         str(steps["large"]),
         *(["--quick"] if quick else []),
+        *([] if pin else ["--no-pin"]),
         launcher=("--monitor_interval", "0.1"),
     )
     done = _proc.run(args, bound, env={"OMP_NUM_THREADS": "1"})
@@ -272,6 +299,7 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
             q1, ratio, q3 = _ratios(model)
             verdict = _proc.verdict(q1, q3, limit)
             mb = model["bytes"] / 1e6
+            c1, control, c3 = _ratios(model, "control_ms")
             t1, vs_torch, t3 = _ratios(model, "hook_ms", "torch_hook_ms")
             floor = ""
             if "hook_pass_ms" in model:
@@ -281,8 +309,9 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
                     f"buckets): {model['hook_pass_ms']:.2f} ms = {1 + share:.3f}x of plain DDP's step"
                 )
             out.append(
-                f"{res['world']} ranks: {model['model']} model ({mb:.0f} MB): hook/plain = {ratio:.3f}x "
-                f"(IQR {q1:.3f}x to {q3:.3f}x; target <= {limit}x) {verdict}; "
+                f"{res['world']} ranks: {model['model']} model ({mb:.0f} MB): guarded/plain = {ratio:.3f}x "
+                f"(IQR {q1:.3f}x to {q3:.3f}x; target <= {limit}x) {verdict}; the control (plain/plain) "
+                f"{control:.3f}x (IQR {c1:.3f}x to {c3:.3f}x); "
                 f"tether's hook / torch's allreduce_hook = {vs_torch:.3f}x (IQR {t1:.3f}x to {t3:.3f}x){floor}"
             )
     return out
@@ -310,6 +339,9 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="fewer rounds and steps, a ~25 MB 'large' model")
     parser.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="leave each rank's threads unpinned (default: one core each)"
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=HERE / "results" / "ddp",
@@ -322,7 +354,7 @@ def main() -> None:
     small_steps, large_steps = args.steps or ((10, 3) if args.quick else (50, 10))
     steps = {"small": small_steps, "large": large_steps}
     if args.worker:
-        worker(rounds, args.quick, steps)
+        worker(rounds, args.quick, steps, args.pin)
         return
 
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
@@ -335,8 +367,8 @@ def main() -> None:
         t0 = time.monotonic()
         # a hang guard, not an estimate: a large-model step took ~0.55 s at 4 ranks on 2 cores
         # (a small-model one ~1/50 of that); this allows 0.5 s per rank per step, ~4x that
-        bound = 300 + 0.5 * n * (2 * rounds * (steps["large"] + steps["small"] / 20) + 2 * WARMUP)
-        results.append(run_world(n, rounds, args.quick, steps, bound))
+        bound = 300 + 0.5 * n * (len(KEYS) * rounds * (steps["large"] + steps["small"] / 20) + 2 * WARMUP)
+        results.append(run_world(n, rounds, args.quick, steps, bound, args.pin))
         end = os.getloadavg()[0]
         elapsed = time.monotonic() - t0
         loads[n] = (quiet, end)
@@ -347,12 +379,17 @@ def main() -> None:
     drift = max(m["weight_drift"] for res in results for m in res["models"])
     text = "\n".join(
         [
-            "# tether DDP hook benchmark",
+            "# tether's guard on DDP's gradient all-reduce: benchmark",
             "",
             *([args.note, ""] if args.note else []),
             f"`python benchmarks/ddp.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
-            "torchrun, gloo on CPU, one thread per rank.",
+            "torchrun, gloo on CPU, one thread per rank"
+            + (
+                ", each rank's threads pinned to one core (round-robin; `_proc.pin_rank`)."
+                if args.pin
+                else ", unpinned."
+            ),
             "",
             _proc.describe_library(*library),
             "",
@@ -371,8 +408,8 @@ def main() -> None:
             "",
             *verdicts(results),
             "",
-            f"Weights of the three instances after the run: max |plain - hooked| = {drift:.2g} (same data, same "
-            "averaged gradients).",
+            f"Weights of the {len(KEYS)} instances after the run: max |plain - other| = {drift:.2g} (same data, "
+            "same averaged gradients).",
         ]
     )
     print()

@@ -190,6 +190,7 @@ ROWS: list[Row] = [
     death("sigkill", "backward", "spawn", 4, 3, bound=B, detect=PUSH, full=True),
     death("sigkill", "backward", "initialize", 2, 1, bound=B, detect=WHEREABOUTS, full=True),
     stall("backward", "spawn", 2, 1, bound=B),
+    freeze("backward", "spawn", 2, 1, bound=B, detect=HEARTBEAT, full=True),
     stall("backward", "initialize", 4, 0, bound=B, full=True),
     # F1: exception inside one_rank_first's block on the working rank
     raise_("F1", "first", "spawn", 4, 0, bound=B, detect=PUSH),

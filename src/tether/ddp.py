@@ -1,24 +1,44 @@
-"""DDP's gradient all-reduce inside the promise: a communication hook tether can fail.
+"""DDP's gradient all-reduce inside the promise: the reducer's waits are futures tether can fail.
 
-``auto_model`` registers it on the ``DistributedDataParallel`` it builds; users who build
-DDP themselves call ``register_comm_hook(model)``, optionally around a hook of their own
+``auto_model`` guards the ``DistributedDataParallel`` it builds; users who build DDP
+themselves call ``register_comm_hook(model)``, optionally around a hook of their own
 (``fp16_compress_hook``, PowerSGD). When a peer fails while this rank is in
 ``loss.backward()``, ``backward()`` raises ``tether.PeerFailure`` (or ``PeerLost``,
 ``SyncTimeout``...) on every survivor, within the notice time of any tether wait.
 
-How (facts in ``_core/futures.py``): the hook returns a future of tether's, chained to
-the backend's; the watchdog fails it when a failure is delivered. The reducer then
-raises a ``RuntimeError`` that wraps the error's text ("Got the following error when
-running the callback: ..."); ``torch.autograd.backward``, through which every
-``Tensor.backward()`` goes, is wrapped once a hook is registered so that a rank with a
-known failure gets tether's own exception, chained to the reducer's. The model's own
-``forward`` is wrapped the same way: DDP's forward makes raw collectives in C++ (the
-bucket rebuild of its second iteration, the buffer broadcast). Both wrappers go through
+Two ways in, one mechanism (facts in ``_core/futures.py``): every future the reducer
+waits on is one of tether's, chained to the backend's, that the watchdog fails when a
+failure is delivered.
+
+* **No hook of the user's, gloo** (``auto_model``'s case): the reducer keeps DDP's
+  built-in all-reduce, and talks to DDP's process group through ``_GuardedGroup``, a
+  ``ProcessGroup`` of tether's whose ``allreduce`` hands out such a future. DDP's
+  built-in path divides each gradient by the world size while copying it into its
+  bucket; a communication hook gets the bucket filled and must divide it in a pass of
+  its own (torch's C++ hook too), which cost a ~100 MB model's step 1.036x by itself
+  (``benchmarks/results/ddp.md``). Only the reducer sees the guarded group (its
+  ``_update_process_group``, right after the constructor): ``model.process_group``
+  stays the group torch registered, so ``Join``, ``dist.get_rank(model.process_group)``
+  and DDP's Python-side collectives behave as without tether.
+* **A hook of the user's, or NCCL**: a communication hook, ``_TetherHook``, around the
+  user's hook (or dividing and all-reducing the bucket, as torch's ``allreduce_hook``).
+  On NCCL a future completes when the kernel is enqueued, so the guard may not take a
+  done future for a finished collective (no ``rescue``); the hook path keeps that
+  NCCL-specific handling in one place, and NCCL has not run here (``docs/nccl.md``).
+
+The reducer then raises a ``RuntimeError`` that wraps the error's text ("Got the
+following error when running the callback: ..."); ``torch.autograd.backward``, through
+which every ``Tensor.backward()`` goes, is wrapped once a model is guarded so that a
+rank with a known failure gets tether's own exception, chained to the reducer's. The
+model's own ``forward`` is wrapped the same way: DDP's forward makes raw collectives in
+C++ (the bucket rebuild of its second iteration, the buffer broadcast), which go to the
+process group unguarded (``_GuardedGroup`` guards ``allreduce`` only) and are bounded
+and explained as every raw call (``_core/rawcalls.py``). Both wrappers go through
 ``rawcalls.run_outside``: two attribute writes and a ``try`` on the happy path, and a
 user's own autograd error (not the backend's, no failure known) passes unchanged.
 
 With ``sync_timeout`` set, a bucket's all-reduce still pending ``sync_timeout`` seconds
-after the hook issued it is failed with ``SyncTimeout`` naming the ranks that were not in
+after it was issued is failed with ``SyncTimeout`` naming the ranks that were not in
 DDP's (or another torch.distributed) wait: the watchdog's keeper looks at the deadlines
 every period, so within ``sync_timeout`` + 1 s.
 """
@@ -32,6 +52,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 from torch._C._distributed_c10d import GradBucket
 from torch.nn.parallel import DistributedDataParallel
 
@@ -48,18 +69,25 @@ Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 
 
 def register_comm_hook(model: DistributedDataParallel, state: object = None, hook: Hook | None = None) -> None:
-    """Register tether's communication hook on ``model``, around ``hook`` if given.
+    """Bring ``model``'s gradient all-reduce inside the promise, around ``hook`` if given.
+
+    Without ``hook``, on gloo, DDP keeps its built-in all-reduce and its reducer waits on
+    futures tether can fail (see the module docstring); no communication hook is
+    registered, so a hook you register on ``model`` afterwards runs outside tether's
+    guard: pass it here as ``hook`` instead. With ``hook`` (or on NCCL), tether registers
+    a communication hook that calls it.
 
     Args:
-        model: a ``DistributedDataParallel`` (``auto_model`` registers the hook itself).
+        model: a ``DistributedDataParallel`` (``auto_model`` guards the one it builds).
         state: passed to ``hook`` (as for ``model.register_comm_hook``).
         hook: the hook doing the work, e.g. ``default_hooks.fp16_compress_hook``;
-            default: all-reduce the bucket and divide by the group's size (DDP's own).
+            default: DDP's own all-reduce of the bucket, averaged over the group.
 
     Raises:
         TypeError: ``model`` is not a ``DistributedDataParallel`` or ``hook`` is not
             callable; raised on every rank alike, before any communication.
-        RuntimeError: DDP's own, if a hook is registered on ``model`` already.
+        RuntimeError: ``model`` is guarded already, or has a communication hook of its
+            own (pass that hook as ``hook``; DDP takes one hook per model).
 
     Example::
 
@@ -70,19 +98,37 @@ def register_comm_hook(model: DistributedDataParallel, state: object = None, hoo
         raise TypeError(f"register_comm_hook: model must be a DistributedDataParallel, got {type(model).__name__}")
     if hook is not None and not callable(hook):
         raise TypeError(f"register_comm_hook: hook must be callable, got {type(hook).__name__}")
+    if getattr(model, _GUARDED, False) or getattr(model, "_comm_hooks", None):
+        raise RuntimeError(
+            "register_comm_hook: this model's gradient all-reduce is guarded already or has a communication "
+            "hook of its own; DDP takes one hook per model: pass yours as register_comm_hook(model, hook=...)"
+        )
     ctx = current()
     group = model.process_group
-    model.register_comm_hook(state if hook is not None else group, _TetherHook(ctx, hook, group))
+    guard: _GuardedGroup | _TetherHook
+    if hook is None and not ctx.backend.completes_at_enqueue and dist.get_backend(group) == "gloo":
+        guard = _GuardedGroup(ctx, group)
+        model.reducer._update_process_group(guard)
+    else:
+        guard = _TetherHook(ctx, hook, group)
+        model.register_comm_hook(state if hook is not None else group, guard)
+    setattr(model, _GUARDED, True)
     _wrap_backward()
-    _translate_forward(model)
+    _translate_forward(model, guard)
 
 
-def _translate_forward(model: DistributedDataParallel) -> None:
+_GUARDED = "_tether_guarded"  # set on a model register_comm_hook has guarded
+
+
+def _translate_forward(model: DistributedDataParallel, guard: object) -> None:
     """DDP's forward makes raw collectives of its own, in C++ (its bucket rebuild at the
     second iteration, its buffer broadcast): a failure there gets its true story too.
 
     Set on the instance (``model.forward``): a deep copy of the model would call the
-    original's forward.
+    original's forward. The wrapper also keeps ``guard`` alive as long as the model: the
+    reducer's C++ reference to a ``_GuardedGroup`` does not keep its Python half, and
+    without it the reducer calls the C++ base class's ``allreduce``, unguarded (seen: the
+    guard's ``allreduce`` was never called once the group was only the reducer's).
     """
     forward: Callable[..., Any] = model.forward
 
@@ -90,7 +136,42 @@ def _translate_forward(model: DistributedDataParallel) -> None:
     def translated(*args: Any, **kwargs: Any) -> Any:
         return run_outside(IN_FORWARD, forward, *args, **kwargs)
 
+    translated._tether_guard = guard  # type: ignore[attr-defined]
+
     model.forward = translated  # type: ignore[method-assign]
+
+
+class _GuardedGroup(dist.ProcessGroup):
+    """DDP's process group as its reducer sees it: ``allreduce`` hands out a future tether
+    can fail; every other call goes to the group's own gloo backend, unchanged.
+
+    The reducer calls ``allreduce`` per bucket (from DDP's built-in hook, which sums; the
+    division is folded into DDP's copy into the bucket) and once per backward with
+    ``find_unused_parameters``. Cost per call: one Python call from C++ and ``_guard``.
+    """
+
+    def __init__(self, ctx: Context, group: dist.ProcessGroup) -> None:
+        # torch's stubs know only (store, rank, size); torch 2.13 binds (rank, size) too
+        super().__init__(group.rank(), group.size())  # type: ignore[call-arg, arg-type]
+        self._ctx = ctx
+        self._group = group
+        gloo = dist.ProcessGroup.BackendType.GLOO
+        self._set_default_backend(gloo)  # DDP's logger asks the reducer's group for its backend
+        for device in (torch.device("cpu"), torch.device("cuda")):  # gloo serves both where it can
+            try:
+                backend = group._get_backend(device)
+            except RuntimeError:  # none for that device
+                continue
+            self._register_backend(device, gloo, backend)
+
+    def getBackendName(self) -> str:  # the C++ name PyProcessGroup looks up
+        return str(self._group.name())
+
+    # the one form the reducer calls (C++); Python callers use model.process_group, not this
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:  # type: ignore[override]
+        work = self._group.allreduce(tensors, opts).get_future()
+        guarded: dist.Work = _work_of(_guard(self._ctx, work, first=False))
+        return guarded
 
 
 class _TetherHook:
@@ -104,44 +185,49 @@ class _TetherHook:
         self.__qualname__ = self.__name__ = f"tether_hook({getattr(inner, '__name__', 'allreduce')})"
 
     def __call__(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-        watchdog = self._ctx.watchdog
-        work: torch.futures.Future[Any]
         if self._inner is not None:
-            work = self._inner(state, bucket)
-        else:  # DDP's own all-reduce; its future's value is a list, unpacked in settle (one hop less)
-            tensor = bucket.buffer().div_(self._size)
-            work = self._group.allreduce([tensor], _SUM).get_future()  # what DDP's C++ hook calls
-        if watchdog is None:  # no failure channel (one process): nothing can fail it
-            return work if self._inner is not None else work.then(_first)
-        parent: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        failables = watchdog.failables
+            return _guard(self._ctx, self._inner(state, bucket), first=False)
+        tensor = bucket.buffer().div_(self._size)
+        work = self._group.allreduce([tensor], _SUM).get_future()  # what DDP's C++ hook calls
+        return _guard(self._ctx, work, first=True)  # its value is a list: unpacked in settle (one hop less)
 
-        def settle(done: torch.futures.Future[Any]) -> None:
-            try:
-                value = done.value()
-            except Exception as exc:  # the backend's error: backward() explains it
-                failables.settle(parent, error=exc)
-            else:
-                failables.settle(parent, result=value[0] if isinstance(value, list) else value)
 
-        def rescue() -> bool:  # the work finished before the failure came: its result stands
-            if not work.done():
-                return False
-            settle(work)
-            return True
+def _guard(ctx: Context, work: torch.futures.Future[Any], first: bool) -> torch.futures.Future[Any]:
+    """``work``'s result (its first item, if ``first``), in a future this rank's watchdog fails
+    when a failure is delivered, or when ``sync_timeout`` expires first."""
+    watchdog = ctx.watchdog
+    if watchdog is None:  # no failure channel (one process): nothing can fail it
+        return work.then(_first) if first else work
+    parent: torch.futures.Future[Any] = torch.futures.Future()
+    failables = watchdog.failables
 
-        # NCCL's futures are done once enqueued: there ``done()`` proves nothing, so no rescue
-        finished = None if self._ctx.backend.completes_at_enqueue else rescue
-        timeout = self._ctx.settings.timeout
-        if timeout is None:
-            failables.add(parent, rescue=finished)
+    def settle(done: torch.futures.Future[Any]) -> None:
+        try:
+            value = done.value()
+        except Exception as exc:  # the backend's error: backward() explains it
+            failables.settle(parent, error=exc)
         else:
-            deadline = time.monotonic() + timeout
-            failables.add(parent, deadline, functools.partial(_expire, self._ctx, timeout), rescue=finished)
-        work.add_done_callback(settle)
-        return parent.then(_value)
+            failables.settle(parent, result=value[0] if first else value)
+
+    def rescue() -> bool:  # the work finished before the failure came: its result stands
+        if not work.done():
+            return False
+        settle(work)
+        return True
+
+    # NCCL's futures are done once enqueued: there ``done()`` proves nothing, so no rescue
+    finished = None if ctx.backend.completes_at_enqueue else rescue
+    timeout = ctx.settings.timeout
+    if timeout is None:
+        failables.add(parent, rescue=finished)
+    else:
+        deadline = time.monotonic() + timeout
+        failables.add(parent, deadline, functools.partial(_expire, ctx, timeout), rescue=finished)
+    work.add_done_callback(settle)
+    return parent.then(_value)
 
 
+_work_of = c10d._create_work_from_future  # type: ignore[attr-defined]  # a C++ Work waiting on a future; not in torch's stubs
 _SUM = allreduce_options("SUM")  # an asynchronous sum: DDP's bucket, straight to its group
 
 
@@ -149,7 +235,7 @@ def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
     return fut.value()[0]
 
 
-def _value(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+def _value(fut: torch.futures.Future[Any]) -> Any:
     return fut.value()  # raises the failure tether set on ``fut``: C++ sees a real error
 
 

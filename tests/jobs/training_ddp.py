@@ -13,6 +13,7 @@ Cases (the fault is on rank 1, at step 3):
     backward_stall  rank 1 sleeps in its forward; sync_timeout=3
     ctor_stall      rank 1 sleeps before DistributedDataParallel(); sync_timeout=3:
                     the others wait in DDP's constructor, a raw collective
+    join            uneven data under torch's Join: rank r trains STEPS + r steps
 
 A rank that catches an exception reports it (``LC raised``, with ``in_backward``) and
 re-raises it; rank 1 reports the moment it raises (``LC fault``).
@@ -20,6 +21,7 @@ re-raises it; rank 1 reports the moment it raises (``LC fault``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -29,8 +31,10 @@ import torch
 import torch.nn as nn
 from lifecycle_common import emit, raised
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.join import Join
 
 import tether
+from tether._core import context as tether_context
 
 LAUNCHER, CASE = sys.argv[1], sys.argv[2]
 STEPS = 5
@@ -62,29 +66,36 @@ def build(rank: int) -> nn.Module:
         model = nn.parallel.DistributedDataParallel(net)
         tether.register_comm_hook(model, hook=default_hooks.fp16_compress_hook)
         return model
+    if CASE == "ctor_stall":  # the others' wait starts here, not at rank 1's stall
+        emit("ctor", rank=rank, time=time.time())
     return tether.auto_model(net)
 
 
 def train(local_rank: int) -> None:
     rank = tether.get_rank()
-    in_backward = False
+    where = {"backward": False}  # set while in loss.backward(), read when an exception comes
     try:
         model = build(rank)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         gen = torch.Generator().manual_seed(100 + rank)
-        for step in range(STEPS):
-            x = torch.randn(8, 16, generator=gen)
-            fault(rank, step)
-            loss = model(x).pow(2).mean()
-            in_backward = True
-            loss.backward()
-            in_backward = False
-            opt.step()
-            opt.zero_grad()
+        # under Join, a rank out of data shadows the others' all-reduces with
+        # dist.get_rank(model.process_group): the group DDP holds must stay torch's own
+        with Join([model]) if CASE == "join" else contextlib.nullcontext():
+            for step in range(STEPS + rank if CASE == "join" else STEPS):
+                x = torch.randn(8, 16, generator=gen)
+                fault(rank, step)
+                loss = model(x).pow(2).mean()
+                where["backward"] = True
+                loss.backward()
+                where["backward"] = False
+                opt.step()
+                opt.zero_grad()
         weights = [round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])[:8]]
-        emit("done", rank=rank, weights=weights)
+        # auto_model keeps DDP's built-in all-reduce: no communication hook (tether/ddp.py)
+        guarded = tether_context.peek().watchdog.failables.issued  # type: ignore[union-attr]  # the guard's futures
+        emit("done", rank=rank, weights=weights, hooks=len(getattr(model, "_comm_hooks", [])), guarded=guarded)
     except BaseException as exc:
-        raised(rank, exc, in_backward=in_backward)
+        raised(rank, exc, in_backward=where["backward"], cause=repr(exc.__cause__)[:300])
         raise
 
 
