@@ -10,14 +10,22 @@ emergency only) into ``OUT/ckpt``. In the first attempt only (torchrun's restart
 Every rank appends one line per completed step to ``OUT/trained.<rank>``: attempt,
 epoch, iteration, step, and the sample indices it trained. Rank 0 saves the final
 weights to ``OUT/final.pt``.
+
+``--late-allreduce`` (first attempt only): on the other ranks, the backend hands back the
+gradient all-reduce of step K-1 (the last step rank R finishes) only once the failure has
+reached the rank, as on a loaded machine where the failure's notice overtakes the gloo
+thread that completes the all-reduce. The all-reduce itself has completed: its result is
+unchanged, only late.
 """
 
 import argparse
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -31,6 +39,9 @@ parser.add_argument("--fail-rank", type=int, default=1)
 parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--spawn", action="store_true")
 parser.add_argument("--kill-in-save", choices=["periodic", "emergency"], default=None)
+parser.add_argument("--late-allreduce", action="store_true")
+
+LATE = threading.Event()  # set around the backward() whose all-reduce is handed back late
 
 
 def kill_in_save(kind: str, step: int) -> None:
@@ -54,10 +65,66 @@ def kill_in_save(kind: str, step: int) -> None:
     checkpoint.torch.save = save  # type: ignore[assignment]
 
 
+def late_allreduce(args: argparse.Namespace) -> None:
+    """Fault injection: an all-reduce issued while ``LATE`` is set completes on time, but its
+    future is completed only after this rank's watchdog has the failure (10 ms later).
+
+    At ``ProcessGroup.allreduce`` and ``ProcessGroupGloo.allreduce`` (Python's calls),
+    below whatever tether puts between DDP's reducer and the group.
+    """
+    import time
+
+    from tether._core import context
+
+    class LateWork:
+        def __init__(self, work: object) -> None:
+            self.work = work
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.work, name)
+
+        def get_future(self) -> torch.futures.Future[object]:
+            real = self.work.get_future()  # type: ignore[attr-defined]
+            late: torch.futures.Future[object] = torch.futures.Future()
+            ctx = context.peek()
+            watchdog = ctx.watchdog if ctx is not None else None
+
+            def hand_over() -> None:
+                real.wait()  # the all-reduce itself: complete
+                until = time.monotonic() + 10.0
+                while watchdog is not None and watchdog.failure is None and time.monotonic() < until:
+                    time.sleep(0.001)
+                time.sleep(0.01)
+                try:
+                    late.set_result(real.value())
+                except Exception as exc:
+                    late.set_exception(exc)
+                sys.stderr.write(f"resume_job: rank {tether.get_rank()}: an all-reduce handed back late\n")
+
+            threading.Thread(target=hand_over, daemon=True).start()
+            return late
+
+    def late(original: Any) -> Any:
+        def allreduce(self: object, *a: object, **kw: object) -> object:
+            work = original(self, *a, **kw)
+            if LATE.is_set() and tether.get_rank() != args.fail_rank:
+                LATE.clear()  # one all-reduce: the bucket's
+                return LateWork(work)
+            return work
+
+        return allreduce
+
+    # Python's calls on the group or on its gloo backend, whichever tether's guard makes
+    for cls in (torch.distributed.ProcessGroup, torch.distributed.ProcessGroupGloo):
+        cls.allreduce = late(cls.allreduce)
+
+
 def train(local_rank: int, args: argparse.Namespace) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if args.kill_in_save and attempt == 0:
         kill_in_save(args.kill_in_save, args.fail_step)
+    if args.late_allreduce and attempt == 0:
+        late_allreduce(args)
     rank, world = tether.get_rank(), tether.get_world_size()
     gen = torch.Generator().manual_seed(1234)
     x = torch.randn(64, 8, generator=gen)
@@ -83,7 +150,12 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                     if attempt == 0 and ckpt.position.step == args.fail_step and rank == args.fail_rank:
                         raise RuntimeError(f"injected failure at step {args.fail_step} on rank {rank}")
                     loss = (model(xb) - yb).pow(2).mean()
-                    loss.backward()
+                    if args.late_allreduce and attempt == 0 and ckpt.position.step == args.fail_step - 1:
+                        LATE.set()  # rank R's last step: its peers' all-reduce is handed back late
+                    try:
+                        loss.backward()
+                    finally:
+                        LATE.clear()
                     opt.step()
                     opt.zero_grad()
                     # logged inside the step: a rank killed by its own periodic save (which

@@ -18,6 +18,7 @@ from torch._C._distributed_c10d import Store
 
 from ..backends import Backend
 from .channel import Channel
+from .futures import FINISHED_KEY
 from .group import Group
 from .record import FailureRecord, error_from_record, record_from_exception
 from .watchdog import Watchdog
@@ -86,7 +87,11 @@ class Context:
                     return record
         if self.channel is None:
             return None
-        record = self.channel.post(record_from_exception(self.channel.rank, exc, where))
+        record = record_from_exception(self.channel.rank, exc, where)
+        if self.watchdog is not None and self.watchdog.failables.finished:  # see _core/futures.py
+            detail = {**record.detail, FINISHED_KEY: self.watchdog.failables.finished}
+            record = dataclasses.replace(record, detail=detail)
+        record = self.channel.post(record)
         self.channel.mark_done("failed")  # its process may end now: that is no loss
         with self.lock:
             self.posted.append((exc, record))

@@ -19,15 +19,33 @@ Facts measured on torch 2.13 (gloo) that shape it:
   registered with ``rescue`` is settled from the backend when ``rescue`` finds it done
   (seen in CI: a survivor whose all-reduce had completed raised out of ``backward()``
   anyway, and saved the step before the one its peers had finished).
+* Nor is one the failing peer had finished, though this rank's backend has not said so
+  yet (seen in CI under load: the failure of a peer that finished step 4 and raised at
+  step 5 arrived while the survivor's gloo thread had still to hand back step 4's
+  all-reduce, so the survivor saved step 4 and the restart trained it twice). Every
+  future is numbered as it is added, the same sequence on every rank (DDP issues the
+  same all-reduces everywhere); a rank posting its own failure says how many of its
+  futures had a result (``finished``, in its record: ``FINISHED_KEY``), and a survivor
+  leaves those futures to its backend for up to ``LATE_S`` before it fails them: the
+  peer's data was sent. A lost peer's record (no count) fails them all at once.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+FINISHED_KEY = "futures_finished"  # a failure record's detail: how many futures had a result on its rank
+LATE_S = 1.0  # how long a future the failing peer had finished may take to come from this rank's backend
+
+
+class _Pending(NamedTuple):
+    number: int  # in the order futures were added: the same sequence on every rank
+    deadline: float | None
+    on_expiry: Callable[[], None] | None
 
 
 class Failables:
@@ -35,10 +53,11 @@ class Failables:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # future -> (deadline, on_expiry)
-        self._pending: dict[torch.futures.Future[Any], tuple[float | None, Callable[[], None] | None]] = {}
+        self._pending: dict[torch.futures.Future[Any], _Pending] = {}
         self._rescues: dict[torch.futures.Future[Any], Callable[[], bool]] = {}
         self._failure: BaseException | None = None
+        self.issued = 0  # futures added so far
+        self.finished = 0  # futures settled with a result
 
     def add(
         self,
@@ -57,7 +76,8 @@ class Failables:
         with self._lock:
             failure = self._failure
             if failure is None:
-                self._pending[fut] = (deadline, on_expiry)
+                self._pending[fut] = _Pending(self.issued, deadline, on_expiry)
+                self.issued += 1
                 if rescue is not None:
                     self._rescues[fut] = rescue
         if failure is not None:
@@ -66,9 +86,13 @@ class Failables:
     def expire_due(self, now: float) -> None:
         """Run the ``on_expiry`` of every pending future whose deadline has passed (once each)."""
         with self._lock:
-            due = [(f, cb) for f, (d, cb) in self._pending.items() if d is not None and d <= now and cb is not None]
+            due = [
+                (f, p.on_expiry)
+                for f, p in self._pending.items()
+                if p.deadline is not None and p.deadline <= now and p.on_expiry is not None
+            ]
             for fut, _ in due:
-                self._pending[fut] = (None, None)
+                self._pending[fut] = self._pending[fut]._replace(deadline=None, on_expiry=None)
         for _, on_expiry in due:
             on_expiry()
 
@@ -82,18 +106,36 @@ class Failables:
             if error is not None:
                 fut.set_exception(error)
             else:
+                self.finished += 1
                 fut.set_result(result)
 
-    def fail_all(self, error: BaseException) -> None:
-        """Fail every pending future, and every future added from now on, with ``error``."""
+    def fail_all(self, error: BaseException, finished_by_peer: int = 0) -> None:
+        """Fail every pending future, and every future added from now on, with ``error``.
+
+        The first ``finished_by_peer`` futures (the failing peer had their results) are
+        left to the backend for up to ``LATE_S`` seconds, then failed, on a timer thread.
+        """
         with self._lock:
             self._failure = error
-            pending, self._pending = list(self._pending), {}
+            pending, self._pending = self._pending, {}
             rescues, self._rescues = self._rescues, {}
-        for fut in pending:
+        late = []
+        for fut, entry in pending.items():
             rescue = rescues.get(fut)
-            if rescue is None or not rescue():
+            if rescue is not None and rescue():
+                continue
+            if entry.number < finished_by_peer:
+                late.append(fut)
+            else:
                 self.settle(fut, error=error)
+        if late:
+            timer = threading.Timer(LATE_S, self._fail_late, (late, error))
+            timer.daemon = True
+            timer.start()
+
+    def _fail_late(self, late: list[torch.futures.Future[Any]], error: BaseException) -> None:
+        for fut in late:
+            self.settle(fut, error=error)  # a no-op for each the backend settled meanwhile
 
     def __len__(self) -> int:
         with self._lock:

@@ -54,7 +54,7 @@ from torch._C._distributed_c10d import Store
 
 from ..errors import ExitCode, PeerLost, SyncTimeout, TetherError
 from .channel import ROOT_WAIT, Channel
-from .futures import Failables
+from .futures import FINISHED_KEY, Failables
 from .liveness import NodeWatch, PeerJudge
 from .nccl import abort_in_background
 from .record import FailureRecord, error_from_record, lost_record
@@ -241,7 +241,8 @@ class Watchdog:
             self.failure = error
             wait = self._wait
         self._wake(wait, ABORT, client)
-        self.failables.fail_all(error)
+        posted: FailureRecord | None = getattr(error, "record", None)
+        self.failables.fail_all(error, posted.detail.get(FINISHED_KEY, 0) if posted is not None else 0)
         record = error.record if isinstance(error, SyncTimeout) else None
         if record is not None and record.rank == self.channel.rank != record.reporter:
             self._on_blamed(record)  # another rank's timeout names this one as the rank that stalled
