@@ -42,7 +42,7 @@ Kinds (the victim is rank N-1, except for ``raise_ofr``: rank 0):
 raise_ofr           ``one_rank_first(0)``: rank 0's block raises; the others wait
 raise_allreduce     rank N-1 raises while the others sit in ``tether.all_reduce``
 raise_backward      rank N-1 raises while the others sit in ``loss.backward()`` of a DDP
-                    model from ``tether.auto_model`` (tether's communication hook)
+                    model from ``tether.auto_model`` (tether's guard on DDP's all-reduce)
 exit                rank N-1 calls ``os._exit(3)`` while the others all_reduce
 sigkill             rank N-1 SIGKILLs itself while the others all_reduce
 sigstop             rank N-1 SIGSTOPs itself (a freeze): a judge on the same host (the

@@ -11,7 +11,8 @@ ignite's ``idist`` adopts it too (``ignite.distributed.sync()``), so every conte
 in the same processes over the same sockets. Contenders are interleaved: each *round*
 runs one timed batch of every contender (order rotated from round to round), every
 batch starts aligned on an untimed ``dist.barrier()``, and its cost per call is the
-slowest rank's batch time divided by the batch's call count. A batch lasts about
+slowest rank's batch time divided by the batch's call count. Each rank's threads are
+pinned to one core (``_proc.pin_rank``; ``--no-pin`` leaves them to the scheduler). A batch lasts about
 ``--batch-seconds`` (0.25 s; its call count is calibrated once per contender after the
 warm-up, the largest over ranks): batches of 50 calls of a few hundred µs had an IQR of
 30-50 % here, which no 5 % target can be read through. The table gives the median over
@@ -222,13 +223,16 @@ def _calibrate(contenders: list[tuple[str, str, Callable[[], object], int]], bat
     return [int(c) for c in agreed.tolist()]
 
 
-def worker(rounds: int, quick: bool, batch_s: float) -> None:
+def worker(rounds: int, quick: bool, batch_s: float, pin: bool) -> None:
     import torch
     import torch.distributed as dist
 
+    import _proc
     import tether
 
     torch.set_num_threads(1)
+    if pin:
+        _proc.pin_rank(int(os.environ["LOCAL_RANK"]))
     tether.initialize("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     contenders = _contenders(world, quick)
@@ -277,7 +281,7 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return med, (max(xs) - min(xs)) / med * 100
 
 
-def run_world(n: int, rounds: int, quick: bool, batch_s: float, bound: float) -> dict[str, object]:
+def run_world(n: int, rounds: int, quick: bool, batch_s: float, bound: float, pin: bool) -> dict[str, object]:
     import _proc
 
     args = _proc.torchrun(
@@ -289,6 +293,7 @@ def run_world(n: int, rounds: int, quick: bool, batch_s: float, bound: float) ->
         "--batch-seconds",
         str(batch_s),
         *(["--quick"] if quick else []),
+        *([] if pin else ["--no-pin"]),
         launcher=("--monitor_interval", "0.1"),
     )
     done = _proc.run(args, bound, env={"OMP_NUM_THREADS": "1"})
@@ -366,6 +371,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 15, 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and calls per batch")
     parser.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="leave each rank's threads unpinned (default: one core each)"
+    )
+    parser.add_argument(
         "--batch-seconds", type=float, default=None, help="length of a timed batch (default 0.25 s, 0.05 with --quick)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the raw samples here")
@@ -377,7 +385,7 @@ def main() -> None:
     if args.batch_seconds is None:
         args.batch_seconds = 0.05 if args.quick else 0.25
     if args.worker:
-        worker(rounds, args.quick, args.batch_seconds)
+        worker(rounds, args.quick, args.batch_seconds, args.pin)
         return
 
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
@@ -392,7 +400,8 @@ def main() -> None:
         quiet[n] = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
         print(f"[{n} ranks: {quiet[n].describe()}]", flush=True)
         t0 = time.monotonic()
-        results.append(run_world(n, rounds, args.quick, args.batch_seconds, bound=120 + 40 * n * rounds / 5))
+        bound = 120 + 40 * n * rounds / 5
+        results.append(run_world(n, rounds, args.quick, args.batch_seconds, bound, args.pin))
         results[-1]["load"] = vars(quiet[n])
         print(f"[{n} ranks: {time.monotonic() - t0:.0f} s]", flush=True)
     library.append(_proc.library_state())
@@ -404,7 +413,12 @@ def main() -> None:
             *([args.note, ""] if args.note else []),
             f"`python benchmarks/sync.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
-            "torchrun, gloo.",
+            "torchrun, gloo"
+            + (
+                ", each rank's threads pinned to one core (round-robin; `_proc.pin_rank`)."
+                if args.pin
+                else ", unpinned."
+            ),
             "",
             _proc.describe_library(*library),
             "",

@@ -17,7 +17,7 @@ the ``Engine``) calls ``ignite.distributed``; tether points those calls at its o
 functions when it starts (``tether/bridge.py``), so a metric's all-reduce waits through
 tether too: a raise gives ``PeerFailure``, a stall ``SyncTimeout`` after
 ``--sync-timeout`` seconds. The model is trained through ``auto_model``'s DDP, whose
-gradient all-reduce is tether's communication hook.
+gradient all-reduce tether guards (``tether/ddp.py``).
 """
 
 from __future__ import annotations

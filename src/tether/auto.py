@@ -5,8 +5,8 @@ Horovod). They read the job from tether's context and never sync by themselves, 
 ``DistributedDataParallel``'s constructor, which broadcasts rank 0's parameters with a
 raw collective: a peer that fails meanwhile is noticed by the watchdog, which ends a
 rank stuck there after its grace period (see ``_core/watchdog.py``). The DDP that
-``auto_model`` builds carries tether's communication hook (``tether/ddp.py``), so a
-failure during ``backward()`` raises tether's error there.
+``auto_model`` builds is guarded (``tether/ddp.py``): its gradient all-reduce stays DDP's
+own, and a failure during ``backward()`` raises tether's error there.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **kwargs: Any) -> nn.Mod
             if failure is None:
                 raise
             raise failure from exc
-        register_comm_hook(ddp)  # the gradient all-reduce inside the promise (tether/ddp.py)
+        register_comm_hook(ddp)  # the gradient all-reduce inside the promise, no hook (tether/ddp.py)
         return ddp
     if device.type == "cuda" and torch.cuda.device_count() > 1:
         log.info("tether.auto_model: wrapping the model in DataParallel")

@@ -1,10 +1,11 @@
 """Futures tether can fail: how a wait that is not tether's own (DDP's reducer) is woken.
 
-DDP's reducer waits on the future its communication hook returns, in C++; nothing else
-can wake it. tether's hook (``tether/ddp.py``) returns a future of its own making,
-chained to the backend's, and registers it here; when a failure is delivered to this
-rank, the watchdog fails every registered future with it, and the reducer's ``value()``
-raises out of ``backward()`` within the notice time of any tether wait.
+DDP's reducer waits in C++ on the future of each bucket's all-reduce; nothing else can
+wake it. tether's guard (``tether/ddp.py``: the reducer's process group, or a
+communication hook) hands the reducer a future of its own making, chained to the
+backend's, and registers it here; when a failure is delivered to this rank, the
+watchdog fails every registered future with it, and the reducer's ``value()`` raises out
+of ``backward()`` within the notice time of any tether wait.
 
 Facts measured on torch 2.13 (gloo) that shape it:
 

@@ -132,7 +132,7 @@ class Watchdog:
         self._armed = False
         self.failure: TetherError | None = None
         self.store_closed = threading.Event()  # a thread's connection found the store gone
-        self.failables = Failables()  # futures a failure fails (DDP's hook: tether/ddp.py)
+        self.failables = Failables()  # futures a failure fails (DDP's guard: tether/ddp.py)
         self._wait = _Wait()
         self.current_call = ""  # what the main thread is doing, for whereabouts
         self._main = threading.main_thread()
