@@ -11,8 +11,10 @@ ignite's ``idist`` adopts it too (``ignite.distributed.sync()``), so every conte
 in the same processes over the same sockets. Contenders are interleaved: each *round*
 runs one timed batch of every contender (order rotated from round to round), every
 batch starts aligned on an untimed ``dist.barrier()``, and its cost per call is the
-slowest rank's batch time divided by the batch's call count. Each rank's threads are
-pinned to one core (``_proc.pin_rank``; ``--no-pin`` leaves them to the scheduler). A batch lasts about
+slowest rank's batch time divided by the batch's call count. ``--pin`` pins each rank's
+threads to one core (``_proc.pin_rank``), as ``ddp.py`` does by default; here it made the
+noise worse (``results/sync-pinned.md``: 4 ranks on 2 cores, two ranks to a core, per-call
+IQRs of 50-160 %), so ranks are left to the scheduler by default. A batch lasts about
 ``--batch-seconds`` (0.25 s; its call count is calibrated once per contender after the
 warm-up, the largest over ranks): batches of 50 calls of a few hundred µs had an IQR of
 30-50 % here, which no 5 % target can be read through. The table gives the median over
@@ -293,7 +295,7 @@ def run_world(n: int, rounds: int, quick: bool, batch_s: float, bound: float, pi
         "--batch-seconds",
         str(batch_s),
         *(["--quick"] if quick else []),
-        *([] if pin else ["--no-pin"]),
+        *(["--pin"] if pin else []),
         launcher=("--monitor_interval", "0.1"),
     )
     done = _proc.run(args, bound, env={"OMP_NUM_THREADS": "1"})
@@ -370,9 +372,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 15, 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and calls per batch")
-    parser.add_argument(
-        "--no-pin", dest="pin", action="store_false", help="leave each rank's threads unpinned (default: one core each)"
-    )
+    parser.add_argument("--pin", action="store_true", help="pin each rank's threads to one core (default: unpinned)")
     parser.add_argument(
         "--batch-seconds", type=float, default=None, help="length of a timed batch (default 0.25 s, 0.05 with --quick)"
     )

@@ -73,7 +73,7 @@ def build(rank: int) -> nn.Module:
 
 def train(local_rank: int) -> None:
     rank = tether.get_rank()
-    where = {"backward": False}  # set while in loss.backward(), read when an exception comes
+    in_backward = False
     try:
         model = build(rank)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -85,9 +85,9 @@ def train(local_rank: int) -> None:
                 x = torch.randn(8, 16, generator=gen)
                 fault(rank, step)
                 loss = model(x).pow(2).mean()
-                where["backward"] = True
+                in_backward = True
                 loss.backward()
-                where["backward"] = False
+                in_backward = False
                 opt.step()
                 opt.zero_grad()
         weights = [round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])[:8]]
@@ -95,7 +95,7 @@ def train(local_rank: int) -> None:
         guarded = tether_context.peek().watchdog.failables.issued  # type: ignore[union-attr]  # the guard's futures
         emit("done", rank=rank, weights=weights, hooks=len(getattr(model, "_comm_hooks", [])), guarded=guarded)
     except BaseException as exc:
-        raised(rank, exc, in_backward=where["backward"], cause=repr(exc.__cause__)[:300])
+        raised(rank, exc, in_backward=in_backward, cause=repr(exc.__cause__)[:300])
         raise
 
 
