@@ -17,6 +17,7 @@ import mmap
 import os
 import re
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -187,10 +188,13 @@ def test_resume_refuses_partial_corrupt_and_foreign_checkpoints_and_falls_back(
     (tmp_path / "step-00000010" / "manifest.json").unlink()  # killed between the two files
     manifest = json.loads((tmp_path / "step-00000008" / "manifest.json").read_text())
     (tmp_path / "step-00000008" / "manifest.json").write_text(json.dumps({**manifest, "world_size": 3}))
-    damaged = tmp_path / "step-00000006" / "state.pt"
+    damaged = tmp_path / "step-00000006" / "tensors.bin"
     data = bytearray(damaged.read_bytes())
-    weight = torch.load(damaged, weights_only=False)["objects"]["model"]["weight"]
-    at = data.index(weight.numpy().tobytes())  # the weights' bytes in the archive
+    torch.manual_seed(0)
+    weight = torch.nn.Linear(4, 1).weight.detach()
+    for _ in range(6):
+        weight.add_(0.1)  # step 6's weights, as make() computed them
+    at = data.index(weight.numpy().tobytes())
     data[at] ^= 0x01  # one bit of the weights flipped, same size: only a checksum of the bytes sees it
     damaged.write_bytes(bytes(data))
     with open(tmp_path / "step-00000004" / "state.pt", "ab") as fp:
@@ -206,19 +210,42 @@ def test_resume_refuses_partial_corrupt_and_foreign_checkpoints_and_falls_back(
     text = caplog.text
     assert "step-00000010 refused: no readable manifest" in text
     assert "step-00000008 refused: saved by a job of 3 ranks, this one has 1" in text
-    assert "step-00000006 refused: state.pt does not match the manifest's checksum" in text
+    assert "step-00000006 refused: tensors.bin does not match the manifest's checksum" in text
     assert "step-00000004 refused: state.pt does not match the manifest's checksum" in text
     assert "resumed from the periodic checkpoint of step 2" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing deleted
 
 
-def test_a_checkpoint_whose_manifest_has_the_earlier_whole_file_sha256_still_resumes(tmp_path: Path) -> None:
-    make(tmp_path, 4, every=2)
+def format_1(path: Path, step: int, weight_delta: float) -> None:
+    """A checkpoint as tether wrote it before format 2: every tensor inside ``state.pt``."""
+    path.mkdir()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight.add_(weight_delta)
+    position = {"epoch": 0, "iteration": step, "step": step}
+    torch.save({"objects": {"model": model.state_dict()}, "position": position, "random": None}, path / "state.pt")
+    with zipfile.ZipFile(path / "state.pt") as archive:
+        records = hashlib.sha256(
+            b"".join(f"{i.filename}\0{i.file_size}\0{i.CRC}\n".encode() for i in archive.infolist())
+        ).hexdigest()
+    manifest = {"format": 1, **position, "world_size": 1, "emergency": False}
+    (path / "manifest.json").write_text(
+        json.dumps({**manifest, "bytes": (path / "state.pt").stat().st_size, "records_sha256": records})
+    )
+
+
+def test_checkpoints_of_format_1_still_resume_and_are_checked(tmp_path: Path) -> None:
+    format_1(tmp_path / "step-00000002", 2, 0.2)
+    format_1(tmp_path / "step-00000004", 4, 0.4)
+    model = torch.nn.Linear(4, 1)
+    assert tether.Checkpointer({"model": model}, tmp_path).resume().step == 4
+    torch.manual_seed(0)
+    assert torch.equal(model.weight, torch.nn.Linear(4, 1).weight.detach() + 0.4)
     path = tmp_path / "step-00000004"
     manifest = json.loads((path / "manifest.json").read_text())
-    assert {"bytes", "records_sha256"} <= manifest.keys() and "sha256" not in manifest
     earlier = {k: v for k, v in manifest.items() if k not in ("bytes", "records_sha256")}
-    whole = hashlib.sha256((path / "state.pt").read_bytes()).hexdigest()
+    whole = hashlib.sha256((path / "state.pt").read_bytes()).hexdigest()  # the first format-1 manifests
     (path / "manifest.json").write_text(json.dumps({**earlier, "sha256": whole}))
     assert tether.Checkpointer({"model": torch.nn.Linear(4, 1)}, tmp_path).resume().step == 4
     (path / "manifest.json").write_text(json.dumps({**earlier, "sha256": "0" * 64}))
@@ -270,12 +297,12 @@ def test_a_checkpoint_leaves_no_page_of_its_file_in_the_page_cache(tmp_path: Pat
     with ckpt.step(0, 0):
         pass
     ckpt.wait()
-    state = tmp_path / "step-00000001" / "state.pt"
-    pages = -(-state.stat().st_size // mmap.PAGESIZE)
+    tensors = tmp_path / "step-00000001" / "tensors.bin"
+    pages = -(-tensors.stat().st_size // mmap.PAGESIZE)
     assert pages > 64
-    assert cached_pages(state) <= 4  # the archive's directory, read back for the manifest after the drop
-    state.read_bytes()  # the check can see cached pages: reading puts them back
-    assert cached_pages(state) == pages
+    assert cached_pages(tensors) == 0  # written past the cache (O_DIRECT), or dropped after its fsync
+    tensors.read_bytes()  # the check can see cached pages: reading puts them back
+    assert cached_pages(tensors) == pages
 
 
 def test_keep_rotates_only_when_asked(tmp_path: Path) -> None:

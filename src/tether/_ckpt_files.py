@@ -1,20 +1,15 @@
 """The Checkpointer's files on disk: names, the manifest, the checks a resume makes, flushing.
 
 A checkpoint is a directory ``step-<N>`` (``N`` optimizer steps done) holding
-``manifest.json`` and the state: ``state.pt`` for replicated state, or DCP's files plus
-``state.pt`` for sharded state (``"layout": "dcp"``). It is written under a ``.tmp-``
-name, flushed and renamed, so a directory named ``step-<N>`` is complete unless its files
-were damaged afterwards, which the checksum finds.
+``manifest.json`` and the state: ``tensors.bin`` and ``state.pt`` for replicated state
+(format 2, ``_ckpt_tensors``), or DCP's files plus ``state.pt`` for sharded state
+(``"layout": "dcp"``). It is written under a ``.tmp-`` name, flushed and renamed, so a
+directory named ``step-<N>`` is complete unless its files were damaged afterwards, which
+the checksums find: an XXH3-64 of the tensors' bytes, a SHA-256 of ``state.pt``.
 
-The checksum of ``state.pt`` costs the save no second pass over the state. ``torch.save``
-writes a zip archive and computes each record's CRC-32 as it writes it; the manifest keeps
-the file's size and a SHA-256 of the archive's directory (every record's name, size and
-CRC-32), read in well under a millisecond. A resume checks the size, the directory's digest
-and every record's bytes against its CRC-32 (``zipfile.testzip``). A SHA-256 of the whole
-file, as before, read the whole state again on the writer's thread, in 1 MiB blocks, each
-taking the GIL back from the training thread. Manifests with that ``sha256`` are still
-read; it is also what a save writes when torch's CRC-32s are switched off
-(``torch.serialization.set_crc32_options(False)``).
+Format 1 (tether before format 2) kept every tensor inside ``state.pt``, checked by a
+SHA-256 of the archive's directory of CRC-32s (``records_sha256``) or of the whole file
+(``sha256``); such checkpoints are still resumed.
 """
 
 from __future__ import annotations
@@ -28,7 +23,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+import torch
+
+from . import _ckpt_tensors as _tensors
+
+FORMAT = 2
+READ = (1, 2)  # the formats a resume takes
 NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -60,34 +60,39 @@ def check(path: Path, world: int) -> tuple[str | None, dict[str, Any]]:
         found = json.loads((path / "manifest.json").read_text())
     except (OSError, ValueError) as exc:
         return f"no readable manifest ({type(exc).__name__})", {}
-    if not isinstance(found, dict) or found.get("format") != FORMAT:
+    if not isinstance(found, dict) or found.get("format") not in READ:
         return f"format {found.get('format') if isinstance(found, dict) else '?'}, not {FORMAT}", {}
     if found.get("world_size") != world:
         return f"saved by a job of {found.get('world_size')} ranks, this one has {world}", found
-    state = path / "state.pt"
     try:
-        if found.get("layout") == "dcp":
-            intact = digest_files(path) == found.get("sha256")
-        elif "records_sha256" in found:
-            intact = _records_intact(state, found)
-        else:
-            intact = digest(state) == found.get("sha256")
+        damaged = _damaged(path, found)
     except OSError as exc:
-        return f"no state.pt ({type(exc).__name__})", found
-    if not intact:
-        return "state.pt does not match the manifest's checksum", found
+        return f"a file is missing or unreadable ({type(exc).__name__}: {exc.strerror})", found
+    if damaged is not None:
+        return f"{damaged} does not match the manifest's checksum", found
     return None, found
 
 
-def fingerprint(state: Path) -> dict[str, Any]:
-    """What the manifest records of ``state.pt`` (see the module docstring)."""
-    import torch.serialization
+def _damaged(path: Path, found: dict[str, Any]) -> str | None:
+    """The name of the file that does not match the manifest ``found``, or None."""
+    state = path / "state.pt"
+    if found.get("layout") == "dcp":
+        return None if digest_files(path) == found.get("sha256") else "a DCP file"
+    if "tensors_xxh3" in found:  # format 2
+        if digest(state) != found.get("state_sha256"):
+            return "state.pt"
+        return None if _tensors.intact(path / "tensors.bin", found) else "tensors.bin"
+    if "records_sha256" in found:
+        return None if _records_intact(state, found) else "state.pt"
+    return None if digest(state) == found.get("sha256") else "state.pt"
 
-    if not torch.serialization.get_crc32_options():  # no CRC-32s in the archive: hash the file
-        return {"sha256": digest(state)}
-    with zipfile.ZipFile(state) as archive:
-        records = _records(archive)
-    return {"bytes": state.stat().st_size, "records_sha256": records}
+
+def load(path: Path, found: dict[str, Any]) -> dict[str, Any]:
+    """The state saved in the checkpoint at ``path`` (checked first: ``check``)."""
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    if "tensors_xxh3" in found:
+        state = _tensors.unpack(state, path / "tensors.bin", found["tensors_bytes"])
+    return state  # type: ignore[no-any-return]
 
 
 def _records(archive: zipfile.ZipFile) -> str:

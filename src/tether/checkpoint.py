@@ -45,15 +45,16 @@ after a worker died and SIGKILLs them 30 s later; tether's launcher waits
 exception goes on. A survivor whose failure came in the middle of ``optimizer.step()``
 writes nothing, and says why; so does every survivor of sharded training.
 
-**On disk.** A checkpoint is a directory ``step-<N>`` holding ``state.pt`` (the objects'
-state dicts, the position and the random states, ``torch.save``) and ``manifest.json``
-(format version, step, epoch, iteration, world size, the size of ``state.pt`` and a
-SHA-256 of its records' CRC-32s (``_ckpt_files`` says why), and whether it was an
-emergency save). It is written as ``.tmp-step-<N>-<pid>``, flushed, and
-renamed: a process killed mid-save leaves a ``.tmp-`` directory that ``resume`` never
-takes. ``resume`` refuses, with a warning naming why, a directory whose manifest is
-missing, unreadable, of another format or world size, or whose checksum does not match,
-and falls back to the next newest. Nothing is ever deleted unless ``keep=`` asks to rotate.
+**On disk.** A checkpoint is a directory ``step-<N>`` holding ``tensors.bin`` (the bytes
+of every tensor of the objects' state dicts, back to back), ``state.pt`` (the rest, with
+the position and the random states, ``torch.save``) and ``manifest.json`` (format version,
+step, epoch, iteration, world size, an XXH3-64 of the tensors and a SHA-256 of
+``state.pt``, and whether it was an emergency save; ``_ckpt_tensors`` says why this layout).
+It is written as ``.tmp-step-<N>-<pid>``, flushed, and renamed: a process killed mid-save
+leaves a ``.tmp-`` directory that ``resume`` never takes. ``resume`` refuses, with a
+warning naming why, a directory whose manifest is missing, unreadable, of another format
+or world size, or whose checksums do not match, and falls back to the next newest.
+Nothing is ever deleted unless ``keep=`` asks to rotate.
 
 **Sharded state (FSDP).** A model whose parameters are sharded (``fully_shard``'s DTensor
 parameters, FSDP's wrapper) is saved with ``torch.distributed.checkpoint``: at every
@@ -70,7 +71,6 @@ one rank's ``torch.save`` holds everything, and needs nobody else.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 import os
@@ -85,6 +85,7 @@ from typing import Any
 import torch
 
 from . import _ckpt_files as _files
+from . import _ckpt_tensors as _tensors
 from . import _randomness, _sharded, collectives, syncs
 from ._core.runtime import current
 from ._core.verdicts import failure_behind_raw
@@ -163,7 +164,7 @@ class Checkpointer:
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
         self._writer: threading.Thread | None = None
-        self._copies: dict[tuple[Any, ...], torch.Tensor] = {}  # the snapshot's tensors, reused save after save
+        self._arena = _tensors.Arena()  # the snapshot's tensors, one buffer reused save after save
         self._foreign: list[str] = []
         self._sharded = _sharded_name(self.objects)  # a sharded module's name: saves go through DCP
         for opt in self._optimizers:
@@ -195,7 +196,7 @@ class Checkpointer:
         if found is None:
             return self.position
         step, path, manifest = found
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        state = _files.load(path, manifest)
         if self._sharded is not None:
             _sharded.load(self.objects, self._sharded, path)  # every rank its shards (a collective)
         else:
@@ -301,13 +302,12 @@ class Checkpointer:
     def _snapshot(self, position: Position, randomness: Any = None) -> dict[str, Any]:
         """A copy of every object's state, taken on the training thread (call after ``wait``).
 
-        Tensors are copied into the previous snapshot's tensors when their shape, dtype and
-        device match: into memory already mapped, where a fresh clone would first fault in
-        every page. The price is one copy of the state kept between saves; the writer has
-        finished with it before the next snapshot (``wait``).
+        Its tensors are copied into the arena (``_ckpt_tensors``), which the writer has
+        finished with before the next snapshot (``wait``).
         """
-        objects = {name: _copy_state(obj.state_dict(), (name,), self._copies) for name, obj in self.objects.items()}
-        return {"objects": objects, "position": dataclasses.asdict(position), "random": randomness}
+        objects = {name: obj.state_dict() for name, obj in self.objects.items()}
+        state = {"objects": objects, "position": dataclasses.asdict(position), "random": randomness}
+        return self._arena.pack(state)  # type: ignore[no-any-return]
 
     def _save_async(self, position: Position, randomness: Any) -> None:
         self.wait()
@@ -356,10 +356,11 @@ class Checkpointer:
         final = self.dirname / f"step-{position.step:08d}"
         tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}"
         tmp.mkdir(parents=True, exist_ok=True)
-        torch.save(state, str(tmp / "state.pt"))  # torch's own writer: no Python callback per block
+        tensors = self._arena.write(tmp / "tensors.bin")
+        torch.save(state, str(tmp / "state.pt"))  # the rest: small
         _files.fsync(tmp / "state.pt")
         found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency)
-        _files.write_manifest(tmp, {**found, **_files.fingerprint(tmp / "state.pt")})
+        _files.write_manifest(tmp, {**found, **tensors, "state_sha256": _files.digest(tmp / "state.pt")})
         return self._publish(tmp, final)
 
     def _publish(self, tmp: Path, final: Path) -> Path:
@@ -401,26 +402,6 @@ class Checkpointer:
 
 
 CLAIM_WINDOW = 0.25  # seconds survivors offer to write the emergency save before the lowest claims it
-
-
-def _copy_state(value: Any, key: tuple[Any, ...], copies: dict[tuple[Any, ...], torch.Tensor]) -> Any:
-    """``copy.deepcopy(value)``, with each dense tensor copied into ``copies[key]`` when it fits."""
-    if isinstance(value, torch.Tensor) and value.layout == torch.strided:
-        kept = copies.get(key)
-        fits = kept is not None and (kept.shape, kept.dtype, kept.device) == (value.shape, value.dtype, value.device)
-        if not fits:
-            kept = copies[key] = torch.empty_like(value, memory_format=torch.preserve_format)
-        assert kept is not None
-        with torch.no_grad():
-            return kept.copy_(value)
-    if isinstance(value, dict):
-        out = copy.copy(value)  # the same mapping type, with its attributes (a module's ``_metadata``)
-        for k, v in value.items():
-            out[k] = _copy_state(v, (*key, k), copies)
-        return out
-    if isinstance(value, list):
-        return [_copy_state(v, (*key, i), copies) for i, v in enumerate(value)]
-    return copy.deepcopy(value)
 
 
 def _sharded_name(objects: Mapping[str, Any]) -> str | None:

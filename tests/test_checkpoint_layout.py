@@ -1,0 +1,122 @@
+"""The replicated checkpoint's layout (``tether/_ckpt_tensors.py``): every tensor back bitwise, files checked.
+
+One process, no process group: what is tested is the packing, the hash and the write.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tether import _ckpt_tensors
+
+
+def state() -> dict[str, Any]:
+    torch.manual_seed(0)
+    weights = collections.OrderedDict(w=torch.randn(3, 5), b=torch.randn(5))
+    weights._metadata = {"": {"version": 1}}  # type: ignore[attr-defined]  # what a module's state_dict carries
+    return {
+        "objects": weights,
+        "dtypes": [torch.randn(7).to(t) for t in (torch.float16, torch.bfloat16, torch.float64, torch.complex64)],
+        "ints": (torch.arange(9, dtype=torch.int64), torch.tensor([True, False, True])),
+        "scalar": torch.tensor(0.1),  # Adam's step counter is one of these
+        "empty": torch.empty(0, 4),
+        "strided": torch.randn(6, 4).t(),  # not contiguous: packed contiguous, same values
+        "sparse": torch.eye(3).to_sparse(),  # not packable: stays in state.pt
+        "plain": {"lr": 0.1, "name": "sgd"},
+    }
+
+
+def bytes_of(tensor: torch.Tensor) -> list[int]:
+    return tensor.contiguous().reshape(-1).view(torch.uint8).tolist()  # type: ignore[no-any-return]
+
+
+def assert_same(got: Any, want: Any) -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape
+        if want.is_sparse:
+            assert torch.equal(got.to_dense(), want.to_dense())
+        else:  # bitwise: the bytes, not a tolerance
+            assert bytes_of(got) == bytes_of(want)
+        return
+    assert type(got) is type(want)
+    if isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w)
+    else:
+        assert got == want
+
+
+def round_trip(arena: _ckpt_tensors.Arena, value: Any, path: Path) -> Any:
+    skeleton = arena.pack(value)
+    found = arena.write(path)
+    assert _ckpt_tensors.intact(path, found)
+    return _ckpt_tensors.unpack(skeleton, path, found["tensors_bytes"])
+
+
+def test_every_tensor_comes_back_bitwise_with_its_dtype_shape_and_containers(tmp_path: Path) -> None:
+    want = state()
+    got = round_trip(_ckpt_tensors.Arena(), want, tmp_path / "tensors.bin")
+    assert_same(got, want)
+    assert got["objects"]._metadata == {"": {"version": 1}}
+    assert got["objects"]["w"].untyped_storage().nbytes() == 60
+
+
+def test_the_snapshot_is_taken_at_pack_time_not_at_write_time(tmp_path: Path) -> None:
+    weight = torch.full((4,), 0.1)
+    arena = _ckpt_tensors.Arena()
+    skeleton = arena.pack({"w": weight})
+    weight.add_(1.0)  # training goes on while the writer writes
+    found = arena.write(tmp_path / "tensors.bin")
+    got = _ckpt_tensors.unpack(skeleton, tmp_path / "tensors.bin", found["tensors_bytes"])
+    assert torch.equal(got["w"], torch.full((4,), 0.1))
+
+
+def test_a_state_that_grows_between_saves_gets_a_larger_buffer(tmp_path: Path) -> None:
+    arena = _ckpt_tensors.Arena()
+    round_trip(arena, {"w": torch.randn(10)}, tmp_path / "a.bin")
+    bigger = {"w": torch.randn(10), "momentum": torch.randn(100_000)}  # an optimizer's state appears
+    assert_same(round_trip(arena, bigger, tmp_path / "b.bin"), bigger)
+
+
+def test_one_flipped_bit_a_missing_block_or_a_wrong_size_is_not_intact(tmp_path: Path) -> None:
+    arena = _ckpt_tensors.Arena()
+    arena.pack({"w": torch.randn(5000)})
+    path = tmp_path / "tensors.bin"
+    found = arena.write(path)
+    data = bytearray(path.read_bytes())
+    data[12345] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert not _ckpt_tensors.intact(path, found)
+    data[12345] ^= 0x01
+    path.write_bytes(bytes(data[:-4096]))
+    assert not _ckpt_tensors.intact(path, found)
+    path.write_bytes(bytes(data))
+    assert _ckpt_tensors.intact(path, found)
+    assert not _ckpt_tensors.intact(path, {**found, "tensors_bytes": found["tensors_bytes"] - 4})
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT (macOS)")
+def test_a_write_that_o_direct_refuses_is_done_again_through_the_page_cache(tmp_path: Path) -> None:
+    # a buffer not aligned to a block: the kernel's O_DIRECT write fails with EINVAL, as on a
+    # file system without O_DIRECT; the same bytes are written the plain way
+    data = bytearray(os.urandom(3 * _ckpt_tensors.ALIGN + 1))
+    unaligned = memoryview(data)[1:]
+    with pytest.raises(OSError, match="Invalid argument"):
+        fd = os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
+        try:
+            os.write(fd, unaligned)
+        finally:
+            os.close(fd)
+    _ckpt_tensors._write(tmp_path / "tensors.bin", unaligned)
+    assert (tmp_path / "tensors.bin").read_bytes() == bytes(unaligned)
