@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/checkpoint_step.py                    # 2 and 4 ranks, ~10 minutes on 2 cores
+    python benchmarks/checkpoint_step.py                    # 2 and 4 ranks, ~15 minutes on 2 cores
     python benchmarks/checkpoint_step.py --ranks 2 --rounds 4 --out /tmp/ckpt-trial
 
 Results go to ``--out`` + ``.md`` and + ``.json``, by default
@@ -24,13 +24,15 @@ step, zero_grad) of one contender:
   at its 5th and 15th step, and ``ckpt.wait()`` at its end, *inside* the timing, so
   whatever a save costs (the random states' all-gather, the snapshot on the training
   thread, the writer thread's CPU, a wait for it) is charged to its own block and never
-  spills into the next.
+  spills into the next;
+* **none, again**: a second block of *none*, the control: its ratio to *none* is what
+  the machine's noise alone gives, the floor under which no ratio can be read.
 
 The writer process of commit 74b90a5 was a third contender here until it was reverted
 (``benchmarks/results/checkpoint-writer-process.md``).
 
 Warm-up: a 15-step block of each (one save, at step 10). Then ``--rounds`` rounds of one
-block of each, their order alternating from round to round; each block starts on an
+block of each, their order rotating from round to round; each block starts on an
 untimed ``dist.barrier()`` and its time is the slowest rank's. The figure is the median
 of the per-round ratios with their quartiles; a target is *met* when the upper quartile
 is within it. Before each world size the driver waits until the 1-minute load average is
@@ -89,12 +91,12 @@ def worker(rounds: int, out: str) -> None:
 
         return block
 
-    contenders = [("none", none), ("every10", saving(ckpt))]
+    contenders = [("none", none), ("every10", saving(ckpt)), ("control", none)]
     for _, block in contenders:
         block(WARMUP)  # a save at step 10 (the writer started); the next blocks save at their 5th and 15th
     samples: dict[str, list[float]] = {name: [] for name, _ in contenders}
     for r in range(rounds):
-        for name, block in contenders if r % 2 == 0 else contenders[::-1]:
+        for name, block in contenders[r % 3 :] + contenders[: r % 3]:  # each first, second, third in turn
             dist.barrier()
             t0 = time.perf_counter()
             block(BLOCK)
@@ -114,7 +116,7 @@ def run_world(n: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tether-ckpt-step-") as out:
         args = _proc.torchrun(n, __file__, "--worker", "--rounds", str(rounds), "--dir", out)
         # a hang guard: a step took ~0.5 s at 4 ranks on 2 cores; this allows ~4x that
-        done = _proc.run(args, 300 + 2.0 * n * (2 * rounds + 2) * BLOCK / 4, env={"OMP_NUM_THREADS": "1"})
+        done = _proc.run(args, 300 + 2.0 * n * (3 * rounds + 3) * BLOCK / 4, env={"OMP_NUM_THREADS": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{n} ranks: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -137,10 +139,16 @@ def table(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
         verdict = _proc.verdict(q1, q3, 1.02)
         cell = _cell(r["every10_ms"])
         rows.append(f"| {r['world']} | save every 10 | {cell} | {med:.3f}x ({q1:.3f} to {q3:.3f}) | {verdict} |")
+        if "control_ms" in r:
+            c1, cmed, c3 = _proc.paired_ratios(r["control_ms"], none)
+            floor = f"{cmed:.3f}x ({c1:.3f} to {c3:.3f})"
+            rows.append(f"| {r['world']} | none, again (control) | {_cell(r['control_ms'])} | {floor} | |")
         lines.append(
             f"{r['world']} ranks: save every 10 / no checkpoint = {med:.3f}x (IQR {q1:.3f}x to {q3:.3f}x; "
             f"target <= 1.02x) {verdict}; {r['saved']} checkpoints written"
         )
+        if "control_ms" in r:
+            lines.append(f"{r['world']} ranks: the control (none, again / none) = {floor}: the noise floor")
     return "\n".join(rows), lines
 
 
@@ -189,7 +197,7 @@ def main() -> None:
             "Load (1-minute average) at the start of each world size, after waiting for it to drop below "
             f"{args.wait_load:g}, and at its end: " + "; ".join(loads) + ".",
             f"ms per step, median of {args.rounds} rounds of one {BLOCK}-step block of each contender (order "
-            "alternating), slowest rank per block; IQR = interquartile range in % of the median; ratio = median of "
+            "rotating), slowest rank per block; IQR = interquartile range in % of the median; ratio = median of "
             "the per-round ratios with their quartiles. A block with saves holds two of them and ends with "
             "`ckpt.wait()`, inside its time (see the module docstring).",
             rows,
