@@ -54,11 +54,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-BLOCK = 20  # steps per block: saves at its 5th and 15th step (every=10, after a 15-step warm-up block)
+BLOCK = 20  # steps per block (--block): saves at its 5th and 15th step (every=10, after a 15-step warm-up block)
 WARMUP = 15
 
 
-def worker(rounds: int, out: str) -> None:
+def worker(rounds: int, out: str, steps: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -99,8 +99,8 @@ def worker(rounds: int, out: str) -> None:
         for name, block in contenders[r % 3 :] + contenders[: r % 3]:  # each first, second, third in turn
             dist.barrier()
             t0 = time.perf_counter()
-            block(BLOCK)
-            samples[name].append((time.perf_counter() - t0) / BLOCK * 1e3)
+            block(steps)
+            samples[name].append((time.perf_counter() - t0) / steps * 1e3)
     mine = torch.tensor([samples[name] for name, _ in contenders], dtype=torch.float64)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank per block
     if rank == 0:
@@ -110,13 +110,13 @@ def worker(rounds: int, out: str) -> None:
     tether.finalize()
 
 
-def run_world(n: int, rounds: int) -> dict[str, Any]:
+def run_world(n: int, rounds: int, steps: int) -> dict[str, Any]:
     import _proc
 
     with tempfile.TemporaryDirectory(prefix="tether-ckpt-step-") as out:
-        args = _proc.torchrun(n, __file__, "--worker", "--rounds", str(rounds), "--dir", out)
+        args = _proc.torchrun(n, __file__, "--worker", "--rounds", str(rounds), "--block", str(steps), "--dir", out)
         # a hang guard: a step took ~0.5 s at 4 ranks on 2 cores; this allows ~4x that
-        done = _proc.run(args, 300 + 2.0 * n * (3 * rounds + 3) * BLOCK / 4, env={"OMP_NUM_THREADS": "1"})
+        done = _proc.run(args, 300 + 2.0 * n * (3 * rounds + 3) * steps / 4, env={"OMP_NUM_THREADS": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{n} ranks: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -165,13 +165,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
     parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds (default 12)")
+    parser.add_argument("--block", type=int, default=BLOCK, help=f"steps a block (default {BLOCK}; 10: one save)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint-step", help="OUT.md and OUT.json")
     _proc.add_driver_options(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.rounds, args.dir)
+        worker(args.rounds, args.dir, args.block)
         return
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
     library = [_proc.library_state()]
@@ -179,7 +180,7 @@ def main() -> None:
     for n in args.ranks:
         quiet = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
         t0 = time.monotonic()
-        results.append(run_world(n, args.rounds))
+        results.append(run_world(n, args.rounds, args.block))
         end = os.getloadavg()[0]
         loads.append(f"{n} ranks: {quiet.describe()}, {end:.2f} at end ({time.monotonic() - t0:.0f} s)")
         print(f"[{loads[-1]}]", flush=True)
@@ -196,10 +197,10 @@ def main() -> None:
             _proc.describe_library(*library),
             "Load (1-minute average) at the start of each world size, after waiting for it to drop below "
             f"{args.wait_load:g}, and at its end: " + "; ".join(loads) + ".",
-            f"ms per step, median of {args.rounds} rounds of one {BLOCK}-step block of each contender (order "
+            f"ms per step, median of {args.rounds} rounds of one {args.block}-step block of each contender (order "
             "rotating), slowest rank per block; IQR = interquartile range in % of the median; ratio = median of "
-            "the per-round ratios with their quartiles. A block with saves holds two of them and ends with "
-            "`ckpt.wait()`, inside its time (see the module docstring).",
+            f"the per-round ratios with their quartiles. A block with saves holds {args.block // 10} of them and "
+            "ends with `ckpt.wait()`, inside its time (see the module docstring).",
             rows,
             "\n".join(lines),
         ]
