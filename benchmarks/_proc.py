@@ -305,6 +305,19 @@ def hundred_mb_tensors() -> dict[str, Any]:
     return {f"w{i}": torch.randn(2048, 2048) for i in range(6)}
 
 
+class Stateful:
+    """Tensors as a Checkpointer object (``state_dict``/``load_state_dict``), for the save benchmarks."""
+
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        self.tensors = tensors
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.tensors
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tensors = state
+
+
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     """Lower quartile, median, upper quartile (min and max for fewer than 4 values)."""
     if len(xs) >= 4:

@@ -29,21 +29,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-
-
-class _State:
-    def __init__(self, tensors: dict[str, Any]) -> None:
-        self.tensors = tensors
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.tensors
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.tensors = state
 
 
 def _spin(seconds: float) -> int:
@@ -65,7 +53,7 @@ def main() -> None:
     library = [_proc.library_state()]
     tensors = _proc.hundred_mb_tensors()
     with tempfile.TemporaryDirectory(prefix="tether-gil-") as out:
-        ckpt = tether.Checkpointer({"s": _State(tensors)}, Path(out, "ckpt"), every=1, keep=2)
+        ckpt = tether.Checkpointer({"s": _proc.Stateful(tensors)}, Path(out, "ckpt"), every=1, keep=2)
         speeds: list[float] = []
         for i in range(args.trials + 2):
             ckpt.wait()

@@ -42,19 +42,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-class Model:
-    """The state as a Checkpointer object (state_dict/load_state_dict)."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-
 def format_1(state: dict[str, Any], kept: dict[str, Any], path: Path) -> None:
     """One save the way tether wrote them before format 2 (see the module docstring)."""
     import torch
@@ -92,7 +79,7 @@ def main() -> None:
     wall: dict[str, list[float]] = {"format 2": [], "format 1": []}
     cpu: dict[str, list[float]] = {"kept": [], "dropped": [], "kept again": []}
     with tempfile.TemporaryDirectory(prefix="tether-save-cpu-", dir=os.environ.get("TMPDIR", "/tmp")) as out:
-        ckpt = tether.Checkpointer({"model": Model(state)}, Path(out, "format-2"), every=1, seed=None)
+        ckpt = tether.Checkpointer({"model": _proc.Stateful(state)}, Path(out, "format-2"), every=1, seed=None)
         kept: dict[str, Any] = {}
         for i in range(args.repeats + 1):  # the first round warms up
             for kind in ("format 2", "format 1") if i % 2 == 0 else ("format 1", "format 2"):

@@ -25,6 +25,7 @@ import dataclasses
 import errno
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,24 +114,32 @@ def unpack(skeleton: Any, path: Path, used: int) -> Any:
 
 
 def _place(value: Any, placed: list[tuple[Slot, torch.Tensor]]) -> Any:
-    if _packable(value):
-        end = placed[-1][0].offset + placed[-1][0].nbytes if placed else 0
-        offset = -(-end // _SLOT_ALIGN) * _SLOT_ALIGN
-        slot = Slot(offset, value.numel() * value.element_size(), value.dtype, tuple(value.shape))
-        placed.append((slot, value))
-        return slot
-    if isinstance(value, torch.Tensor):  # sparse, quantized, a subclass: torch.save keeps it
-        return value.detach().clone()
+    def leaf(item: Any) -> Any:
+        if _packable(item):
+            end = placed[-1][0].offset + placed[-1][0].nbytes if placed else 0
+            offset = -(-end // _SLOT_ALIGN) * _SLOT_ALIGN
+            slot = Slot(offset, item.numel() * item.element_size(), item.dtype, tuple(item.shape))
+            placed.append((slot, item))
+            return slot
+        if isinstance(item, torch.Tensor):  # sparse, quantized, a subclass: torch.save keeps it
+            return item.detach().clone()
+        return copy.deepcopy(item)
+
+    return _walk(value, leaf)
+
+
+def _walk(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``value`` with its dicts, lists and tuples copied and ``leaf`` applied to everything else."""
     if isinstance(value, dict):
         out = copy.copy(value)  # the same mapping type, with its attributes (a module's ``_metadata``)
         for k, v in value.items():
-            out[k] = _place(v, placed)
+            out[k] = _walk(v, leaf)
         return out
     if isinstance(value, list):
-        return [_place(v, placed) for v in value]
-    if isinstance(value, tuple) and type(value) is tuple:
-        return tuple(_place(v, placed) for v in value)
-    return copy.deepcopy(value)
+        return [_walk(v, leaf) for v in value]
+    if type(value) is tuple:  # not a named tuple: leaf() copies those whole
+        return tuple(_walk(v, leaf) for v in value)
+    return leaf(value)
 
 
 def _packable(value: Any) -> bool:
@@ -147,17 +156,10 @@ def _view(data: torch.Tensor, slot: Slot) -> torch.Tensor:
 
 
 def _restore(value: Any, data: torch.Tensor) -> Any:
-    if isinstance(value, Slot):
-        return _view(data, value).clone()  # its own storage, as torch.load gives
-    if isinstance(value, dict):
-        for k, v in value.items():
-            value[k] = _restore(v, data)
-        return value
-    if isinstance(value, list):
-        return [_restore(v, data) for v in value]
-    if isinstance(value, tuple) and type(value) is tuple:
-        return tuple(_restore(v, data) for v in value)
-    return value
+    def leaf(item: Any) -> Any:
+        return _view(data, item).clone() if isinstance(item, Slot) else item  # its own storage, as torch.load gives
+
+    return _walk(value, leaf)
 
 
 def _write(path: Path, data: memoryview) -> None:
