@@ -28,7 +28,7 @@ def survivors(res: Result) -> dict[int, dict[str, object]]:
     return {e["rank"]: e for e in lc_events(res, "raised") if e["rank"] != 1}
 
 
-def test_ddp_from_auto_model_trains_identical_replicas_through_its_own_guarded_all_reduce() -> None:
+def test_ddp_from_auto_model_trains_identical_replicas_through_tethers_hook() -> None:
     res = python("training_ddp.py", "spawn", "happy", "2", bound=BOUND)
     assert res.returncode == 0, res.output[-3000:]
     done = {e["rank"]: e for e in lc_events(res, "done")}
@@ -36,9 +36,8 @@ def test_ddp_from_auto_model_trains_identical_replicas_through_its_own_guarded_a
     assert done[0]["weights"] == done[1]["weights"]
     # the ranks train on different data (seeds 100 + rank): equal weights prove the all-reduce ran
     assert done[0]["weights"] != [0.0] * 8
-    # DDP's built-in all-reduce, guarded: no communication hook and its extra pass over the bucket,
-    # and every all-reduce went through tether's guard (one bucket: one per step)
-    assert done[0]["hooks"] == done[1]["hooks"] == 0
+    # tether's hook, and every all-reduce went through its guard (one bucket: one per step)
+    assert done[0]["hooks"] == done[1]["hooks"] == 1
     assert done[0]["guarded"] == done[1]["guarded"] == 5, done
     assert res.leftovers == []
 

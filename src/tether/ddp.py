@@ -6,25 +6,21 @@ themselves call ``register_comm_hook(model)``, optionally around a hook of their
 ``loss.backward()``, ``backward()`` raises ``tether.PeerFailure`` (or ``PeerLost``,
 ``SyncTimeout``...) on every survivor, within the notice time of any tether wait.
 
-Two ways in, one mechanism (facts in ``_core/futures.py``): every future the reducer
-waits on is one of tether's, chained to the backend's, that the watchdog fails when a
-failure is delivered.
+One mechanism (facts in ``_core/futures.py``): every future the reducer waits on is one
+of tether's, chained to the backend's, that the watchdog fails when a failure is
+delivered. It is handed to the reducer by a communication hook, ``_TetherHook``, around
+the user's hook, or dividing and all-reducing the bucket as torch's ``allreduce_hook``
+does. On NCCL a future completes when the kernel is enqueued, so the guard may not take
+a done future for a finished collective (no ``rescue``); NCCL has not run here
+(``docs/nccl.md``).
 
-* **No hook of the user's, gloo** (``auto_model``'s case): the reducer keeps DDP's
-  built-in all-reduce, and talks to DDP's process group through ``_GuardedGroup``, a
-  ``ProcessGroup`` of tether's whose ``allreduce`` hands out such a future. DDP's
-  built-in path divides each gradient by the world size while copying it into its
-  bucket; a communication hook gets the bucket filled and must divide it in a pass of
-  its own (torch's C++ hook too), which cost a ~100 MB model's step 1.036x by itself
-  (``benchmarks/results/ddp.md``). Only the reducer sees the guarded group (its
-  ``_update_process_group``, right after the constructor): ``model.process_group``
-  stays the group torch registered, so ``Join``, ``dist.get_rank(model.process_group)``
-  and DDP's Python-side collectives behave as without tether.
-* **A hook of the user's, or NCCL**: a communication hook, ``_TetherHook``, around the
-  user's hook (or dividing and all-reducing the bucket, as torch's ``allreduce_hook``).
-  On NCCL a future completes when the kernel is enqueued, so the guard may not take a
-  done future for a finished collective (no ``rescue``); the hook path keeps that
-  NCCL-specific handling in one place, and NCCL has not run here (``docs/nccl.md``).
+Tried and reverted (2026-12-02): keeping DDP's built-in all-reduce and giving the
+reducer a ``ProcessGroup`` subclass of tether's whose ``allreduce`` handed out such a
+future (``_update_process_group``). It saved the hook's division pass (~3 % of a 100 MB
+step), but every collective of the reducer then went through a Python trampoline, and
+jobs hung, rarely, with every rank in DDP's bucket rebuild (``_rebuild_buckets``, a
+broadcast through that group) at the second iteration: 2 of 132 benchmark jobs, and one
+fresh-clone test run. The hook keeps the reducer on torch's own group.
 
 The reducer then raises a ``RuntimeError`` that wraps the error's text ("Got the
 following error when running the callback: ..."); ``torch.autograd.backward``, through
@@ -32,7 +28,7 @@ which every ``Tensor.backward()`` goes, is wrapped once a model is guarded so th
 rank with a known failure gets tether's own exception, chained to the reducer's. The
 model's own ``forward`` is wrapped the same way: DDP's forward makes raw collectives in
 C++ (the bucket rebuild of its second iteration, the buffer broadcast), which go to the
-process group unguarded (``_GuardedGroup`` guards ``allreduce`` only) and are bounded
+process group unguarded (the hook guards the gradients' all-reduce only) and are bounded
 and explained as every raw call (``_core/rawcalls.py``). Both wrappers go through
 ``rawcalls.run_outside``: two attribute writes and a ``try`` on the happy path, and a
 user's own autograd error (not the backend's, no failure known) passes unchanged.
@@ -52,7 +48,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C import _distributed_c10d as c10d
 from torch._C._distributed_c10d import GradBucket
 from torch.nn.parallel import DistributedDataParallel
 
@@ -71,11 +66,10 @@ Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 def register_comm_hook(model: DistributedDataParallel, state: object = None, hook: Hook | None = None) -> None:
     """Bring ``model``'s gradient all-reduce inside the promise, around ``hook`` if given.
 
-    Without ``hook``, on gloo, DDP keeps its built-in all-reduce and its reducer waits on
-    futures tether can fail (see the module docstring); no communication hook is
-    registered, so a hook you register on ``model`` afterwards runs outside tether's
-    guard: pass it here as ``hook`` instead. With ``hook`` (or on NCCL), tether registers
-    a communication hook that calls it.
+    tether registers a communication hook that calls ``hook`` (default: an all-reduce of
+    the bucket, averaged over the group, as DDP's own) and hands the reducer a future
+    tether can fail (see the module docstring). DDP takes one hook per model: pass yours
+    here as ``hook``.
 
     Args:
         model: a ``DistributedDataParallel`` (``auto_model`` guards the one it builds).
@@ -105,30 +99,22 @@ def register_comm_hook(model: DistributedDataParallel, state: object = None, hoo
         )
     ctx = current()
     group = model.process_group
-    guard: _GuardedGroup | _TetherHook
-    if hook is None and not ctx.backend.completes_at_enqueue and dist.get_backend(group) == "gloo":
-        guard = _GuardedGroup(ctx, group)
-        model.reducer._update_process_group(guard)
-    else:
-        guard = _TetherHook(ctx, hook, group)
-        model.register_comm_hook(state if hook is not None else group, guard)
+    guard = _TetherHook(ctx, hook, group)
+    model.register_comm_hook(state if hook is not None else group, guard)
     setattr(model, _GUARDED, True)
     _wrap_backward()
-    _translate_forward(model, guard)
+    _translate_forward(model)
 
 
 _GUARDED = "_tether_guarded"  # set on a model register_comm_hook has guarded
 
 
-def _translate_forward(model: DistributedDataParallel, guard: object) -> None:
+def _translate_forward(model: DistributedDataParallel) -> None:
     """DDP's forward makes raw collectives of its own, in C++ (its bucket rebuild at the
     second iteration, its buffer broadcast): a failure there gets its true story too.
 
     Set on the instance (``model.forward``): a deep copy of the model would call the
-    original's forward. The wrapper also keeps ``guard`` alive as long as the model: the
-    reducer's C++ reference to a ``_GuardedGroup`` does not keep its Python half, and
-    without it the reducer calls the C++ base class's ``allreduce``, unguarded (seen: the
-    guard's ``allreduce`` was never called once the group was only the reducer's).
+    original's forward.
     """
     forward: Callable[..., Any] = model.forward
 
@@ -136,42 +122,7 @@ def _translate_forward(model: DistributedDataParallel, guard: object) -> None:
     def translated(*args: Any, **kwargs: Any) -> Any:
         return run_outside(IN_FORWARD, forward, *args, **kwargs)
 
-    translated._tether_guard = guard  # type: ignore[attr-defined]
-
     model.forward = translated  # type: ignore[method-assign]
-
-
-class _GuardedGroup(dist.ProcessGroup):
-    """DDP's process group as its reducer sees it: ``allreduce`` hands out a future tether
-    can fail; every other call goes to the group's own gloo backend, unchanged.
-
-    The reducer calls ``allreduce`` per bucket (from DDP's built-in hook, which sums; the
-    division is folded into DDP's copy into the bucket) and once per backward with
-    ``find_unused_parameters``. Cost per call: one Python call from C++ and ``_guard``.
-    """
-
-    def __init__(self, ctx: Context, group: dist.ProcessGroup) -> None:
-        # torch's stubs know only (store, rank, size); torch 2.13 binds (rank, size) too
-        super().__init__(group.rank(), group.size())  # type: ignore[call-arg, arg-type]
-        self._ctx = ctx
-        self._group = group
-        gloo = dist.ProcessGroup.BackendType.GLOO
-        self._set_default_backend(gloo)  # DDP's logger asks the reducer's group for its backend
-        for device in (torch.device("cpu"), torch.device("cuda")):  # gloo serves both where it can
-            try:
-                backend = group._get_backend(device)
-            except RuntimeError:  # none for that device
-                continue
-            self._register_backend(device, gloo, backend)
-
-    def getBackendName(self) -> str:  # the C++ name PyProcessGroup looks up
-        return str(self._group.name())
-
-    # the one form the reducer calls (C++); Python callers use model.process_group, not this
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:  # type: ignore[override]
-        work = self._group.allreduce(tensors, opts).get_future()
-        guarded: dist.Work = _work_of(_guard(self._ctx, work, first=False))
-        return guarded
 
 
 class _TetherHook:
@@ -227,7 +178,6 @@ def _guard(ctx: Context, work: torch.futures.Future[Any], first: bool) -> torch.
     return parent.then(_value)
 
 
-_work_of = c10d._create_work_from_future  # type: ignore[attr-defined]  # a C++ Work waiting on a future; not in torch's stubs
 _SUM = allreduce_options("SUM")  # an asynchronous sum: DDP's bucket, straight to its group
 
 
