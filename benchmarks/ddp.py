@@ -13,8 +13,9 @@ SGD, ``zero_grad()``) of ``torch.nn.parallel.DistributedDataParallel`` as torch 
 (its built-in C++ all-reduce, no hook), against
 
 * the same DDP guarded by tether (``tether.register_comm_hook(model)``, what
-  ``tether.auto_model`` does): DDP's built-in all-reduce, its reducer talking to the
-  group through tether (``tether/ddp.py``). The targets are about this one;
+  ``tether.auto_model`` does): tether's communication hook (``tether/ddp.py``). The
+  targets are about this one. (``results/ddp.md`` at 0510da5 measured here a guard that
+  kept DDP's built-in all-reduce, since reverted: see ``tether/ddp.py``);
 * a second plain DDP, the *control*: what two identical contenders measure apart on
   this machine, the noise floor of every ratio below;
 * DDP with torch's own Python hook doing the same all-reduce
