@@ -92,7 +92,7 @@ def register_comm_hook(model: DistributedDataParallel, state: object = None, hoo
         raise TypeError(f"register_comm_hook: model must be a DistributedDataParallel, got {type(model).__name__}")
     if hook is not None and not callable(hook):
         raise TypeError(f"register_comm_hook: hook must be callable, got {type(hook).__name__}")
-    if getattr(model, _GUARDED, False) or getattr(model, "_comm_hooks", None):
+    if getattr(model, "_comm_hooks", None):  # tether's hook, or one of the user's
         raise RuntimeError(
             "register_comm_hook: this model's gradient all-reduce is guarded already or has a communication "
             "hook of its own; DDP takes one hook per model: pass yours as register_comm_hook(model, hook=...)"
@@ -101,12 +101,8 @@ def register_comm_hook(model: DistributedDataParallel, state: object = None, hoo
     group = model.process_group
     guard = _TetherHook(ctx, hook, group)
     model.register_comm_hook(state if hook is not None else group, guard)
-    setattr(model, _GUARDED, True)
     _wrap_backward()
     _translate_forward(model)
-
-
-_GUARDED = "_tether_guarded"  # set on a model register_comm_hook has guarded
 
 
 def _translate_forward(model: DistributedDataParallel) -> None:
