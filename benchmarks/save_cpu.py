@@ -18,7 +18,12 @@ one torch thread. CPU time of the process (``time.process_time``: every thread) 
   save, ``torch.save`` of everything (a zip whose records carry CRC-32s), ``fsync``,
   ``posix_fadvise(DONTNEED)``, and the manifest's read of the zip directory.
 
-The two alternate, one save each per round, after one of each to warm up. Then, for
+The two alternate, one save each per round, after one of each to warm up. Then a
+resume's read of the last format-2 checkpoint, the files' pages dropped first (an
+``O_DIRECT`` save leaves none): tether's ``_ckpt_files.read`` (each file read once, the
+bytes checked are the bytes unpacked) against the way of commit 862261d, rebuilt here
+(``read_twice``: a pass to hash ``tensors.bin``, then a second read to unpack), alternating.
+Then, for
 ``torch.save`` alone (format 1's writer), the page cache's part: three blocks of writes
 into new files, the previous ones' pages kept cached, dropped after each ``fsync``, kept
 again (blocks, not alternating: the pages one way frees would serve the other's next
@@ -63,11 +68,47 @@ def format_1(state: dict[str, Any], kept: dict[str, Any], path: Path) -> None:
     (path / "manifest.json").write_text(h.hexdigest())
 
 
+def read_twice(path: Path) -> dict[str, Any]:
+    """A format-2 checkpoint read the way of commit 862261d: every file checked, then read again to load."""
+    import json
+
+    import torch
+    import xxhash
+
+    from tether import _ckpt_files, _ckpt_tensors
+
+    found = json.loads((path / "manifest.json").read_text())
+    assert _ckpt_files.digest(path / "state.pt") == found["state_sha256"]
+    h, used = xxhash.xxh3_64(), found["tensors_bytes"]
+    with open(path / "tensors.bin", "rb") as fp:
+        for block in iter(lambda: fp.read(8 << 20), b""):
+            h.update(block)
+    assert h.hexdigest() == found["tensors_xxh3"]
+    skeleton = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    data = torch.empty(used, dtype=torch.uint8)
+    view = data.numpy().data.cast("B")
+    with open(path / "tensors.bin", "rb", buffering=0) as fp:
+        done = 0
+        while done < used:
+            done += fp.readinto(view[done:])
+    return _ckpt_tensors.unpack(skeleton, data)  # type: ignore[no-any-return]
+
+
+def drop_pages(directory: Path) -> None:
+    for path in directory.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def main() -> None:
     import torch
 
     import _proc
     import tether
+    from tether import _ckpt_files
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=8, help="saves of each kind (default 8)")
@@ -78,6 +119,8 @@ def main() -> None:
     whole: dict[str, list[float]] = {"format 2": [], "format 1": []}
     wall: dict[str, list[float]] = {"format 2": [], "format 1": []}
     cpu: dict[str, list[float]] = {"kept": [], "dropped": [], "kept again": []}
+    reads: dict[str, list[float]] = {"read once": [], "read twice": []}
+    read_wall: dict[str, list[float]] = {"read once": [], "read twice": []}
     with tempfile.TemporaryDirectory(prefix="tether-save-cpu-", dir=os.environ.get("TMPDIR", "/tmp")) as out:
         ckpt = tether.Checkpointer({"model": _proc.Stateful(state)}, Path(out, "format-2"), every=1, seed=None)
         kept: dict[str, Any] = {}
@@ -93,6 +136,17 @@ def main() -> None:
                 if i >= 1:
                     whole[kind].append(time.process_time() - t0)
                     wall[kind].append(time.perf_counter() - w0)
+        newest = _ckpt_files.steps(Path(out, "format-2"))[0][1]
+        for i in range(args.repeats + 1):  # the first round warms up
+            for kind in ("read once", "read twice") if i % 2 == 0 else ("read twice", "read once"):
+                drop_pages(newest)
+                t0, w0 = time.process_time(), time.perf_counter()
+                got = _ckpt_files.read(newest, 1, "replicated").state if kind == "read once" else read_twice(newest)
+                spent, waited = time.process_time() - t0, time.perf_counter() - w0
+                assert got is not None and torch.equal(got["objects"]["model"]["w5"], state["w5"])
+                if i >= 1:
+                    reads[kind].append(spent)
+                    read_wall[kind].append(waited)
         for way in cpu:  # in blocks, not alternating: pages one way frees would serve the other's next write
             for i in range(args.repeats + 1):  # the first write of a block warms up
                 path = Path(out, f"{way}-{i}.pt".replace(" ", "-"))
@@ -116,6 +170,15 @@ def main() -> None:
     ratios = sorted(a / b for a, b in zip(whole["format 2"], whole["format 1"], strict=True))
     q1, med, q3 = _proc.quartiles(ratios)
     rows.append(f"\nformat 2 / format 1, CPU time, per round: {med:.3f}x (IQR {q1:.3f}x to {q3:.3f}x)")
+    loads = ["| a resume's read of it, pages dropped first | CPU time, s: median (IQR) | wall time, s: median (IQR) |"]
+    loads.append("|---|---|---|")
+    labels_read = {"read once": "each file once (tether)", "read twice": "checked, then read again (862261d)"}
+    for kind, label in labels_read.items():
+        c, w = _proc.quartiles(reads[kind]), _proc.quartiles(read_wall[kind])
+        loads.append(f"| {label} | {c[1]:.3f} ({c[0]:.3f} to {c[2]:.3f}) | {w[1]:.3f} ({w[0]:.3f} to {w[2]:.3f}) |")
+    ratios = sorted(a / b for a, b in zip(read_wall["read once"], read_wall["read twice"], strict=True))
+    q1, med, q3 = _proc.quartiles(ratios)
+    loads.append(f"\nonce / twice, wall time, per round: {med:.3f}x (IQR {q1:.3f}x to {q3:.3f}x)")
     cache = ["| the previous checkpoints' pages | torch.save CPU time, s: median (IQR) |", "|---|---|"]
     labels = {"kept": "kept in the page cache", "dropped": "dropped after each fsync", "kept again": "kept, again"}
     for way, label in labels.items():
@@ -123,7 +186,8 @@ def main() -> None:
         cache.append(f"| {label} | {med:.3f} ({q1:.3f} to {q3:.3f}) |")
     setup = f"one process, {args.repeats} saves of each kind (see the module docstring)."
     title = "tether: CPU time of a 100 MB checkpoint"
-    _proc.report(args.out, title, setup, library, ["\n".join(rows), "`torch.save` alone:", "\n".join(cache)])
+    parts = ["\n".join(rows), "\n".join(loads), "`torch.save` alone:", "\n".join(cache)]
+    _proc.report(args.out, title, setup, library, parts)
 
 
 if __name__ == "__main__":

@@ -59,9 +59,9 @@ def assert_same(got: Any, want: Any) -> None:
 
 def round_trip(arena: _ckpt_tensors.Arena, value: Any, path: Path) -> Any:
     skeleton = arena.pack(value)
-    found = arena.write(path)
-    assert _ckpt_tensors.intact(path, found)
-    return _ckpt_tensors.unpack(skeleton, path, found["tensors_bytes"])
+    data = _ckpt_tensors.read(path, arena.write(path))
+    assert data is not None
+    return _ckpt_tensors.unpack(skeleton, data)
 
 
 def test_every_tensor_comes_back_bitwise_with_its_dtype_shape_and_containers(tmp_path: Path) -> None:
@@ -77,9 +77,9 @@ def test_the_snapshot_is_taken_at_pack_time_not_at_write_time(tmp_path: Path) ->
     arena = _ckpt_tensors.Arena()
     skeleton = arena.pack({"w": weight})
     weight.add_(1.0)  # training goes on while the writer writes
-    found = arena.write(tmp_path / "tensors.bin")
-    got = _ckpt_tensors.unpack(skeleton, tmp_path / "tensors.bin", found["tensors_bytes"])
-    assert torch.equal(got["w"], torch.full((4,), 0.1))
+    data = _ckpt_tensors.read(tmp_path / "tensors.bin", arena.write(tmp_path / "tensors.bin"))
+    assert data is not None
+    assert torch.equal(_ckpt_tensors.unpack(skeleton, data)["w"], torch.full((4,), 0.1))
 
 
 def test_a_state_that_grows_between_saves_gets_a_larger_buffer(tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ def test_a_state_that_grows_between_saves_gets_a_larger_buffer(tmp_path: Path) -
     assert_same(round_trip(arena, bigger, tmp_path / "b.bin"), bigger)
 
 
-def test_one_flipped_bit_a_missing_block_or_a_wrong_size_is_not_intact(tmp_path: Path) -> None:
+def test_one_flipped_bit_a_missing_block_or_a_wrong_size_is_refused(tmp_path: Path) -> None:
     arena = _ckpt_tensors.Arena()
     arena.pack({"w": torch.randn(5000)})
     path = tmp_path / "tensors.bin"
@@ -97,13 +97,26 @@ def test_one_flipped_bit_a_missing_block_or_a_wrong_size_is_not_intact(tmp_path:
     data = bytearray(path.read_bytes())
     data[12345] ^= 0x01
     path.write_bytes(bytes(data))
-    assert not _ckpt_tensors.intact(path, found)
+    assert _ckpt_tensors.read(path, found) is None
     data[12345] ^= 0x01
     path.write_bytes(bytes(data[:-4096]))
-    assert not _ckpt_tensors.intact(path, found)
+    assert _ckpt_tensors.read(path, found) is None
     path.write_bytes(bytes(data))
-    assert _ckpt_tensors.intact(path, found)
-    assert not _ckpt_tensors.intact(path, {**found, "tensors_bytes": found["tensors_bytes"] - 4})
+    assert _ckpt_tensors.read(path, found) is not None
+    assert _ckpt_tensors.read(path, {**found, "tensors_bytes": found["tensors_bytes"] - 4}) is None
+
+
+def test_what_a_resume_unpacks_is_the_buffer_it_checked_not_the_file_read_again(tmp_path: Path) -> None:
+    weights = {"w": torch.full((1000,), 0.1)}
+    arena = _ckpt_tensors.Arena()
+    skeleton = arena.pack(weights)
+    path = tmp_path / "tensors.bin"
+    data = _ckpt_tensors.read(path, arena.write(path))
+    assert data is not None
+    path.write_bytes(bytes(len(path.read_bytes())))  # the file changes after the check: zeros
+    got = _ckpt_tensors.unpack(skeleton, data)
+    assert torch.equal(got["w"], weights["w"])
+    assert got["w"].untyped_storage().nbytes() == 4000  # its own storage, not a view of the buffer
 
 
 @pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT (macOS)")

@@ -15,7 +15,9 @@ SHA-256 of the archive's directory of CRC-32s (``records_sha256``) or of the who
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
@@ -54,45 +56,60 @@ def write_manifest(directory: Path, data: dict[str, Any]) -> None:
     (directory / "manifest.json").write_text(json.dumps(data, indent=1))
 
 
-def check(path: Path, world: int) -> tuple[str | None, dict[str, Any]]:
-    """Why ``path`` cannot be resumed by a job of ``world`` ranks (None: it can), and its manifest."""
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """One checkpoint directory, as ``read`` found it."""
+
+    why: str | None  # why it cannot be resumed; None: it can
+    manifest: dict[str, Any]  # {} when unreadable
+    state: dict[str, Any] | None = None  # what it holds, when it can be resumed
+
+
+def read(path: Path, world: int, layout: str) -> Read:
+    """The checkpoint at ``path``, checked, then loaded when a job of ``world`` ranks with
+    ``layout`` state (``"replicated"``, ``"dcp"``) can resume it.
+
+    Format 2's files are read once each, and what is loaded is the bytes that were checked;
+    a DCP checkpoint's shards are left to ``dcp.load`` (``_sharded.load``).
+    """
     try:
         found = json.loads((path / "manifest.json").read_text())
     except (OSError, ValueError) as exc:
-        return f"no readable manifest ({type(exc).__name__})", {}
+        return Read(f"no readable manifest ({type(exc).__name__})", {})
     if not isinstance(found, dict) or found.get("format") not in READ:
-        return f"format {found.get('format') if isinstance(found, dict) else '?'}, not {FORMAT}", {}
+        return Read(f"format {found.get('format') if isinstance(found, dict) else '?'}, not {FORMAT}", {})
     if found.get("world_size") != world:
-        return f"saved by a job of {found.get('world_size')} ranks, this one has {world}", found
+        return Read(f"saved by a job of {found.get('world_size')} ranks, this one has {world}", found)
+    if found.get("layout", "replicated") != layout:
+        return Read(f"saved from {found.get('layout', 'replicated')} state, and this Checkpointer's is {layout}", found)
     try:
-        damaged = _damaged(path, found)
+        if "tensors_xxh3" in found:
+            return _read_format_2(path, found)
+        if not _intact(path, found):
+            return Read("state.pt does not match the manifest's checksum", found)
+        return Read(None, found, torch.load(path / "state.pt", map_location="cpu", weights_only=False))
     except OSError as exc:
-        return f"a file is missing or unreadable ({type(exc).__name__}: {exc.strerror})", found
-    if damaged is not None:
-        return f"{damaged} does not match the manifest's checksum", found
-    return None, found
+        return Read(f"a file is missing or unreadable ({type(exc).__name__}: {exc.strerror})", found)
 
 
-def _damaged(path: Path, found: dict[str, Any]) -> str | None:
-    """The name of the file that does not match the manifest ``found``, or None."""
-    state = path / "state.pt"
+def _read_format_2(path: Path, found: dict[str, Any]) -> Read:
+    state = (path / "state.pt").read_bytes()
+    if hashlib.sha256(state).hexdigest() != found.get("state_sha256"):
+        return Read("state.pt does not match the manifest's checksum", found)
+    tensors = _tensors.read(path / "tensors.bin", found)
+    if tensors is None:
+        return Read("tensors.bin does not match the manifest's checksum", found)
+    skeleton = torch.load(io.BytesIO(state), map_location="cpu", weights_only=False)
+    return Read(None, found, _tensors.unpack(skeleton, tensors))
+
+
+def _intact(path: Path, found: dict[str, Any]) -> bool:
+    """Whether a DCP or format-1 checkpoint's files match the manifest ``found``."""
     if found.get("layout") == "dcp":
-        return None if digest_files(path) == found.get("sha256") else "a DCP file"
-    if "tensors_xxh3" in found:  # format 2
-        if digest(state) != found.get("state_sha256"):
-            return "state.pt"
-        return None if _tensors.intact(path / "tensors.bin", found) else "tensors.bin"
+        return digest_files(path) == found.get("sha256")
     if "records_sha256" in found:
-        return None if _records_intact(state, found) else "state.pt"
-    return None if digest(state) == found.get("sha256") else "state.pt"
-
-
-def load(path: Path, found: dict[str, Any]) -> dict[str, Any]:
-    """The state saved in the checkpoint at ``path`` (checked first: ``check``)."""
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    if "tensors_xxh3" in found:
-        state = _tensors.unpack(state, path / "tensors.bin", found["tensors_bytes"])
-    return state  # type: ignore[no-any-return]
+        return _records_intact(path / "state.pt", found)
+    return digest(path / "state.pt") == found.get("sha256")
 
 
 def _records(archive: zipfile.ZipFile) -> str:

@@ -14,7 +14,8 @@ the snapshot's copy costs, plus a few milliseconds:
   refuses ``O_DIRECT`` (tmpfs) gets a plain write, then ``fsync`` and a drop.
 
 ``tensors.bin`` holds the buffer; ``state.pt`` (``torch.save``) holds everything else, each
-tensor replaced by a ``Slot`` naming its bytes. A resume checks the hash and unpacks.
+tensor replaced by a ``Slot`` naming its bytes. A resume reads ``tensors.bin`` once, checks
+the hash of what it read, and unpacks that.
 """
 
 from __future__ import annotations
@@ -82,34 +83,34 @@ class Arena:
         return {"tensors_bytes": self.used, "tensors_xxh3": digest}
 
 
-def intact(path: Path, found: dict[str, Any]) -> bool:
-    """Whether ``tensors.bin`` at ``path`` holds the bytes the manifest ``found`` hashed."""
+def read(path: Path, found: dict[str, Any]) -> torch.Tensor | None:
+    """The tensors' bytes of ``tensors.bin`` at ``path``, read once; None unless they are
+    the bytes the manifest ``found`` hashed.
+
+    A resume unpacks this very buffer (``unpack``): the bytes it loads are the bytes it
+    checked, read from disk once. The file's pages are dropped after: a resume leaves
+    nothing in the page cache for training to evict.
+    """
     used = found.get("tensors_bytes")
     if not isinstance(used, int) or path.stat().st_size != -(-used // ALIGN) * ALIGN:
-        return False
-    h = xxhash.xxh3_64()
-    with open(path, "rb") as fp:
-        left = used
-        while left:
-            block = fp.read(min(left, 8 << 20))
-            if not block:
-                return False
-            h.update(block)
-            left -= len(block)
-    return bool(h.hexdigest() == found.get("tensors_xxh3"))
-
-
-def unpack(skeleton: Any, path: Path, used: int) -> Any:
-    """``skeleton`` with each ``Slot`` replaced by a tensor of its own, read from ``path``."""
+        return None
     data = torch.empty(used, dtype=torch.uint8)
-    view = memoryview(data.numpy().data)
+    view = data.numpy().data.cast("B")
     with open(path, "rb", buffering=0) as fp:
         done = 0
         while done < used:
             got = fp.readinto(view[done:])
             if not got:
-                raise OSError(errno.EIO, f"{path} ends at byte {done} of {used}")
+                return None
             done += got
+        with contextlib.suppress(AttributeError, OSError):  # no posix_fadvise on macOS
+            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return data if xxhash.xxh3_64_hexdigest(view) == found.get("tensors_xxh3") else None
+
+
+def unpack(skeleton: Any, data: torch.Tensor) -> Any:
+    """``skeleton`` with each ``Slot`` replaced by a tensor of its own, copied out of ``data``
+    (``read``'s buffer)."""
     return _restore(skeleton, data)
 
 

@@ -195,8 +195,7 @@ class Checkpointer:
             raise RuntimeError(f"Checkpointer: ranks found different checkpoints in {self.dirname}: steps {chosen}")
         if found is None:
             return self.position
-        step, path, manifest = found
-        state = _files.load(path, manifest)
+        step, path, manifest, state = found
         if self._sharded is not None:
             _sharded.load(self.objects, self._sharded, path)  # every rank its shards (a collective)
         else:
@@ -381,19 +380,17 @@ class Checkpointer:
 
     # --- finding ----------------------------------------------------------------------------
 
-    def _newest(self, world: int) -> tuple[int, Path, dict[str, Any]] | None:
-        """The newest checkpoint that passes every check; the others are refused with a warning."""
+    def _newest(self, world: int) -> tuple[int, Path, dict[str, Any], dict[str, Any]] | None:
+        """The newest checkpoint that passes every check, loaded; the others are refused with a warning."""
         self._foreign = []  # "step-8: 4 ranks", for resume's error
         layout = "dcp" if self._sharded is not None else "replicated"
         for step, path in _files.steps(self.dirname):
-            why, manifest = _files.check(path, world)
-            if why is None and manifest.get("layout", "replicated") != layout:
-                why = f"saved from {manifest.get('layout', 'replicated')} state, and this Checkpointer's is {layout}"
-            if why is None:
-                return step, path, manifest
-            log.warning("tether: checkpoint %s refused: %s", path, why)
-            if manifest.get("world_size") not in (None, world):
-                self._foreign.append(f"{path.name}: {manifest['world_size']} ranks")
+            got = _files.read(path, world, layout)
+            if got.state is not None:
+                return step, path, got.manifest, got.state
+            log.warning("tether: checkpoint %s refused: %s", path, got.why)
+            if got.manifest.get("world_size") not in (None, world):
+                self._foreign.append(f"{path.name}: {got.manifest['world_size']} ranks")
         return None
 
     def _seed(self, step: int, rank: int) -> None:
