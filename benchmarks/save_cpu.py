@@ -81,8 +81,11 @@ def read_twice(path: Path) -> dict[str, Any]:
     assert _ckpt_files.digest(path / "state.pt") == found["state_sha256"]
     h, used = xxhash.xxh3_64(), found["tensors_bytes"]
     with open(path / "tensors.bin", "rb") as fp:
-        for block in iter(lambda: fp.read(8 << 20), b""):
+        left = used
+        while left:  # the bytes the manifest counts, not the padding after them
+            block = fp.read(min(left, 8 << 20))
             h.update(block)
+            left -= len(block)
     assert h.hexdigest() == found["tensors_xxh3"]
     skeleton = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     data = torch.empty(used, dtype=torch.uint8)
