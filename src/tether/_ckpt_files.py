@@ -152,9 +152,9 @@ def fsync(path: Path) -> None:
     """Flush ``path`` to disk, then drop it from the page cache.
 
     Dropping it is what keeps a periodic save cheap: the next save's pages reuse these
-    instead of fresh ones. ``torch.save`` of 100 MB into a new file took 0.24-0.32 s of CPU
-    here while the earlier checkpoints stayed cached, 0.043 s once each was dropped
-    (``benchmarks/results/save-cpu.md``). It also keeps checkpoints from evicting what
+    instead of fresh ones. ``torch.save`` of 100 MB into a new file took 0.28-0.32 s of CPU
+    here while the earlier checkpoints stayed cached, 0.040-0.049 s once each was dropped
+    (``benchmarks/results/save-cpu.md``, IQRs). It also keeps checkpoints from evicting what
     training reads (its data set); a resume reads the file once, from disk.
     """
     fd = os.open(path, os.O_RDONLY)
