@@ -33,10 +33,17 @@ The writer process of commit 74b90a5 was a third contender here until it was rev
 
 Warm-up: a 15-step block of each (one save, at step 10). Then ``--rounds`` rounds of one
 block of each, their order rotating from round to round; each block starts on an
-untimed ``dist.barrier()`` and its time is the slowest rank's. The figure is the median
-of the per-round ratios with their quartiles; a target is *met* when the upper quartile
-is within it. Before each world size the driver waits until the 1-minute load average is
-below ``--wait-load``.
+untimed ``dist.barrier()``; each step is timed on every rank, and a block's time is the
+sum of its steps' slowest ranks (``ckpt.wait()`` at its end is charged to its last step).
+The figure is the median of the per-round ratios with their quartiles; a target is *met*
+when the upper quartile is within it. Before each world size the driver waits until the
+1-minute load average is below ``--wait-load``.
+
+The VM drifts: a block's ratio moved by ±4-18 % from round to round on 2026-12-02, with
+the control's as wide, and 50-step blocks did not narrow it (``checkpoint-step-b50.md``).
+So the steps are also read one by one: *where a save's cost lands* gives, for each step
+since the last save, the median over rounds of its excess over its round's plain median
+step, and their sum, the cost of one save in ms (``where_it_lands``).
 """
 
 from __future__ import annotations
@@ -78,35 +85,45 @@ def worker(rounds: int, out: str, steps: int) -> None:
         opt.step()
         opt.zero_grad()
 
-    def none(n: int) -> None:
+    def none(n: int, times: list[float], _: list[int]) -> None:
         for _ in range(n):
+            t0 = time.perf_counter()
             train()
+            times.append(time.perf_counter() - t0)
 
     def saving(c: tether.Checkpointer) -> Any:
-        def block(n: int) -> None:
+        def block(n: int, times: list[float], since: list[int]) -> None:
             for _ in range(n):
+                since.append((c.position.step + 1) % 10)  # 0: this step saves (every=10)
+                t0 = time.perf_counter()
                 with c.step(0, c.position.iteration):
                     train()
+                times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
             c.wait()
+            times[-1] += time.perf_counter() - t0  # the block's last wait, charged to its last step
 
         return block
 
     contenders = [("none", none), ("every10", saving(ckpt)), ("control", none)]
     for _, block in contenders:
-        block(WARMUP)  # a save at step 10 (the writer started); the next blocks save at their 5th and 15th
-    samples: dict[str, list[float]] = {name: [] for name, _ in contenders}
+        block(WARMUP, [], [])  # a save at step 10 (the writer started); the next blocks save at their 5th and 15th
+    per_step: dict[str, list[list[float]]] = {name: [] for name, _ in contenders}
+    since: list[int] = []  # the every10 blocks' steps since their last save, in order (the same every round)
     for r in range(rounds):
         for name, block in contenders[r % 3 :] + contenders[: r % 3]:  # each first, second, third in turn
+            times: list[float] = []
             dist.barrier()
-            t0 = time.perf_counter()
-            block(steps)
-            samples[name].append((time.perf_counter() - t0) / steps * 1e3)
-    mine = torch.tensor([samples[name] for name, _ in contenders], dtype=torch.float64)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank per block
+            block(steps, times, since if name == "every10" and r == 0 else [])
+            per_step[name].append(times)
+    mine = torch.tensor([per_step[name] for name, _ in contenders], dtype=torch.float64) * 1e3
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank per step
     if rank == 0:
-        result = {f"{name}_ms": mine[i].tolist() for i, (name, _) in enumerate(contenders)}
+        result = {f"{name}_ms": (mine[i].sum(1) / steps).tolist() for i, (name, _) in enumerate(contenders)}
+        steps_ms = {f"{name}_steps_ms": mine[i].tolist() for i, (name, _) in enumerate(contenders)}
         saved = len(list(Path(out, "ckpt").iterdir()))
-        print("RESULT " + json.dumps({"world": world, "rounds": rounds, **result, "saved": saved}), flush=True)
+        record = {"world": world, "rounds": rounds, **result, **steps_ms, "since_save": since, "saved": saved}
+        print("RESULT " + json.dumps(record), flush=True)
     tether.finalize()
 
 
@@ -149,7 +166,40 @@ def table(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
         )
         if "control_ms" in r:
             lines.append(f"{r['world']} ranks: the control (none, again / none) = {floor}: the noise floor")
+        if "since_save" in r:
+            lines.append(where_it_lands(r))
     return "\n".join(rows), lines
+
+
+def where_it_lands(r: dict[str, Any]) -> str:
+    """A save's cost by the step it lands on, less sensitive to the VM's drift than a block's ratio.
+
+    For each position (steps since the last save: 0 is the step that saves), the median
+    over rounds of (that round's steps at the position) minus (the median step of that
+    round's *none* block); their sum is the cost of one save. The control's steps,
+    given the same positions by their index, summed the same way, are its noise floor.
+    """
+    since = r["since_save"]
+
+    def excess(blocks: list[list[float]]) -> list[float]:
+        out = []
+        for p in range(10):
+            per_round = []
+            for times, base in zip(blocks, r["none_steps_ms"], strict=True):
+                mine = [t for t, s in zip(times, since, strict=True) if s == p]
+                per_round.append(statistics.median(mine) - statistics.median(base))
+            out.append(statistics.median(per_round))
+        return out
+
+    cost, floor = excess(r["every10_steps_ms"]), excess(r["control_steps_ms"])
+    plain = statistics.median(statistics.median(b) for b in r["none_steps_ms"])
+    by_step = ", ".join(f"{c:+.1f}" for c in cost)
+    return (
+        f"{r['world']} ranks: where a save's cost lands, ms over the plain step ({plain:.1f} ms) by steps since "
+        f"the save (0: the step that saves): {by_step}; sum {sum(cost):.1f} ms a save "
+        f"= {sum(cost) / (10 * plain) * 100:.1f}% of its 10 steps; the control, summed the same way: "
+        f"{sum(floor):+.1f} ms ({sum(floor) / (10 * plain) * 100:+.1f}%)"
+    )
 
 
 def _cell(xs: list[float]) -> str:
@@ -171,6 +221,8 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.block % 10:
+        parser.error("--block: a multiple of 10 (every block then starts at the same step of the save cycle)")
     if args.worker:
         worker(args.rounds, args.dir, args.block)
         return
@@ -198,7 +250,8 @@ def main() -> None:
             "Load (1-minute average) at the start of each world size, after waiting for it to drop below "
             f"{args.wait_load:g}, and at its end: " + "; ".join(loads) + ".",
             f"ms per step, median of {args.rounds} rounds of one {args.block}-step block of each contender (order "
-            "rotating), slowest rank per block; IQR = interquartile range in % of the median; ratio = median of "
+            "rotating), slowest rank per step, summed over the block; IQR = interquartile range in % of the "
+            "median; ratio = median of "
             f"the per-round ratios with their quartiles. A block with saves holds {args.block // 10} of them and "
             "ends with `ckpt.wait()`, inside its time (see the module docstring).",
             rows,
