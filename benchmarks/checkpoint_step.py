@@ -34,7 +34,7 @@ The writer process of commit 74b90a5 was a third contender here until it was rev
 Warm-up: a 15-step block of each (one save, at step 10). Then ``--rounds`` rounds of one
 block of each, their order rotating from round to round; each block starts on an
 untimed ``dist.barrier()``; each step is timed on every rank, and a block's time is the
-sum of its steps' slowest ranks (``ckpt.wait()`` at its end is charged to its last step).
+slowest rank's sum of its steps (``ckpt.wait()`` at its end is charged to its last step).
 The figure is the median of the per-round ratios with their quartiles; a target is *met*
 when the upper quartile is within it. Before each world size the driver waits until the
 1-minute load average is below ``--wait-load``.
@@ -43,7 +43,7 @@ The VM drifts: a block's ratio moved by ±4-18 % from round to round on 2026-12-
 the control's as wide, and 50-step blocks did not narrow it (``checkpoint-step-b50.md``).
 So the steps are also read one by one: *where a save's cost lands* gives, for each step
 since the last save, the median over rounds of its excess over its round's plain median
-step, and their sum, the cost of one save in ms (``where_it_lands``).
+step, on rank 0 (the saver), and their sum, the cost of one save in ms (``where_it_lands``).
 """
 
 from __future__ import annotations
@@ -117,9 +117,13 @@ def worker(rounds: int, out: str, steps: int) -> None:
             block(steps, times, since if name == "every10" and r == 0 else [])
             per_step[name].append(times)
     mine = torch.tensor([per_step[name] for name, _ in contenders], dtype=torch.float64) * 1e3
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank per step
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
     if rank == 0:
-        result = {f"{name}_ms": (mine[i].sum(1) / steps).tolist() for i, (name, _) in enumerate(contenders)}
+        blocks = torch.stack(every).sum(3).amax(0) / steps  # each rank sums its steps; the slowest rank, per step
+        result = {f"{name}_ms": blocks[i].tolist() for i, (name, _) in enumerate(contenders)}
+        # one rank's steps, the saver's: summed they are its block (the slowest rank per step would
+        # count a delay twice: the saver's snapshot, then the others' wait for it in the next step)
         steps_ms = {f"{name}_steps_ms": mine[i].tolist() for i, (name, _) in enumerate(contenders)}
         saved = len(list(Path(out, "ckpt").iterdir()))
         record = {"world": world, "rounds": rounds, **result, **steps_ms, "since_save": since, "saved": saved}
@@ -195,8 +199,8 @@ def where_it_lands(r: dict[str, Any]) -> str:
     plain = statistics.median(statistics.median(b) for b in r["none_steps_ms"])
     by_step = ", ".join(f"{c:+.1f}" for c in cost)
     return (
-        f"{r['world']} ranks: where a save's cost lands, ms over the plain step ({plain:.1f} ms) by steps since "
-        f"the save (0: the step that saves): {by_step}; sum {sum(cost):.1f} ms a save "
+        f"{r['world']} ranks: where a save's cost lands on rank 0, ms over the plain step ({plain:.1f} ms) by "
+        f"steps since the save (0: the step that saves): {by_step}; sum {sum(cost):.1f} ms a save "
         f"= {sum(cost) / (10 * plain) * 100:.1f}% of its 10 steps; the control, summed the same way: "
         f"{sum(floor):+.1f} ms ({sum(floor) / (10 * plain) * 100:+.1f}%)"
     )
@@ -250,7 +254,7 @@ def main() -> None:
             "Load (1-minute average) at the start of each world size, after waiting for it to drop below "
             f"{args.wait_load:g}, and at its end: " + "; ".join(loads) + ".",
             f"ms per step, median of {args.rounds} rounds of one {args.block}-step block of each contender (order "
-            "rotating), slowest rank per step, summed over the block; IQR = interquartile range in % of the "
+            "rotating), the slowest rank's sum of its steps; IQR = interquartile range in % of the "
             "median; ratio = median of "
             f"the per-round ratios with their quartiles. A block with saves holds {args.block // 10} of them and "
             "ends with `ckpt.wait()`, inside its time (see the module docstring).",
