@@ -85,8 +85,9 @@ def read(path: Path, world: int, layout: str) -> Read:
     try:
         if "tensors_xxh3" in found:
             return _read_format_2(path, found)
-        if not _intact(path, found):
-            return Read("state.pt does not match the manifest's checksum", found)
+        damaged = _damaged(path, found)
+        if damaged is not None:
+            return Read(f"{damaged} does not match the manifest's checksum", found)
         return Read(None, found, torch.load(path / "state.pt", map_location="cpu", weights_only=False))
     except OSError as exc:
         return Read(f"a file is missing or unreadable ({type(exc).__name__}: {exc.strerror})", found)
@@ -103,13 +104,13 @@ def _read_format_2(path: Path, found: dict[str, Any]) -> Read:
     return Read(None, found, _tensors.unpack(skeleton, tensors))
 
 
-def _intact(path: Path, found: dict[str, Any]) -> bool:
-    """Whether a DCP or format-1 checkpoint's files match the manifest ``found``."""
+def _damaged(path: Path, found: dict[str, Any]) -> str | None:
+    """Which file of a DCP or format-1 checkpoint does not match the manifest ``found`` (None: none)."""
     if found.get("layout") == "dcp":
-        return digest_files(path) == found.get("sha256")
+        return None if digest_files(path) == found.get("sha256") else "a DCP file"
     if "records_sha256" in found:
-        return _records_intact(path / "state.pt", found)
-    return digest(path / "state.pt") == found.get("sha256")
+        return None if _records_intact(path / "state.pt", found) else "state.pt"
+    return None if digest(path / "state.pt") == found.get("sha256") else "state.pt"
 
 
 def _records(archive: zipfile.ZipFile) -> str:

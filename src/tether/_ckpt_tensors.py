@@ -2,9 +2,10 @@
 
 A periodic save runs beside training, on the cores training uses, so its CPU time is the
 step time it costs. ``torch.save`` of a 100 MB state, flushed and dropped from the page
-cache as tether did, cost 0.069 s of CPU here (median; 0.019 s this way): its zip records'
-CRC-32s, then the copy of every byte into the page cache (``benchmarks/results/save-cpu.md``). This path costs what
-the snapshot's copy costs, plus a few milliseconds:
+cache as tether did, cost 0.069 s of CPU here (median; 0.019 s this way): its zip
+records' CRC-32s, then the copy of every byte into the page cache
+(``benchmarks/results/save-cpu.md``). This path costs what the snapshot's copy costs,
+plus a few milliseconds:
 
 * the snapshot copies every dense tensor into one page-aligned buffer (``Arena``), the
   copy a snapshot makes anyway, reused save after save;
