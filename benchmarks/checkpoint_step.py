@@ -43,7 +43,9 @@ The VM drifts: a block's ratio moved by ±4-18 % from round to round on 2026-12-
 the control's as wide, and 50-step blocks did not narrow it (``checkpoint-step-b50.md``).
 So the steps are also read one by one: *where a save's cost lands* gives, for each step
 since the last save, the median over rounds of its excess over its round's plain median
-step, on rank 0 (the saver), and their sum, the cost of one save in ms (``where_it_lands``).
+step, on rank 0 (the saver), and their sum, the cost of one save in ms; and, immune to
+the drift, the step that saves and the two after against the same block's later steps
+(``where_it_lands``).
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def worker(rounds: int, out: str, steps: int) -> None:
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
     if rank == 0:
-        blocks = torch.stack(every).sum(3).amax(0) / steps  # each rank sums its steps; the slowest rank, per step
+        blocks = torch.stack(every).sum(3).amax(0) / steps  # each rank's block: its steps summed; the slowest rank's
         result = {f"{name}_ms": blocks[i].tolist() for i, (name, _) in enumerate(contenders)}
         # one rank's steps, the saver's: summed they are its block (the slowest rank per step would
         # count a delay twice: the saver's snapshot, then the others' wait for it in the next step)
