@@ -81,6 +81,7 @@ FAILURES = (
 )
 PLACES = ("first", "waiting", "collective", "outside", "backward", "chain", "p2p")
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
+START_LINE = 120.0  # seconds the first barrier waits for the last rank to start
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
 
 
@@ -133,6 +134,19 @@ class Sequencer:
         keys = [self._prefix + n for n in names]
         if keys:
             self._store.wait(keys)
+
+    def wait_for_failure(self, within: float = 60.0) -> None:
+        """Return once tether has posted a failure (its channel's counter), or after ``within`` s.
+
+        Main thread only: it reads on the channel's own connection.
+        """
+        from tether._core.runtime import current
+
+        channel = current().channel
+        assert channel is not None, "the fault job needs tether's failure channel"
+        deadline = time.monotonic() + within
+        while channel.failure_count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def result(rank: int, exc: BaseException) -> None:
@@ -212,7 +226,9 @@ def run_case(case: Case) -> None:
     """Play ``case`` on this rank; returns only if no fault stopped it."""
     rank, world = idist.get_rank(), idist.get_world_size()
     seq = Sequencer()
-    idist.barrier()  # the start line: ranks start unevenly, and a timeout= must not catch a late starter
+    # The start line: ranks start unevenly (seconds apart under load), and neither a timeout=
+    # nor the job's sync_timeout (the raw-wait rows set it) may catch a late starter.
+    idist.barrier(timeout=START_LINE)
     others = [r for r in range(world) if r != case.victim]
     me_victim = rank == case.victim
     timeout = case.timeout
@@ -250,6 +266,10 @@ def run_case(case: Case) -> None:
         with idist.one_rank_first(rank=working, timeout=timeout):
             if rank == working:
                 seq.wait(["struck"])
+                # A signal's handler runs on the victim's main thread some time after the
+                # strike; a release before it lands would let the victim through the gate
+                # and into the next barrier, which the survivors would then pass.
+                seq.wait_for_failure()
         idist.barrier(timeout=timeout)
         return
 
