@@ -41,7 +41,8 @@ What is compared (µs per call):
   read on this machine, whatever tether does.
 * ``all_reduce`` of a float32 tensor of 1 KiB and of 64 MiB: tether vs raw, in place.
 * ``all_gather`` and ``broadcast`` of 1 KiB and 64 MiB, tether with and without the
-  mismatch check (``check_collectives``: one 96-byte all_gather before each call).
+  mismatch check (``check_collectives``: one all_gather of a 4,192-byte frame per call,
+  which carries the data of a call of up to 4 KiB a rank: at 1 KiB that is the whole call).
 * ``send`` + ``recv`` of one float32, in pairs of ranks (even sends first): torch's
   functions as tether wraps them with ``sync_timeout`` set (marked, and waiting on the
   async work with the job's bound) vs torch's own.

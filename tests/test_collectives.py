@@ -18,12 +18,16 @@ from _harness import python, torchrun
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
-@pytest.mark.parametrize(("launcher", "world"), [("spawn", 4), ("init", 2)])
-def test_every_collective_round_trips_every_type_on_gloo(launcher: str, world: int) -> None:
+@pytest.mark.parametrize(
+    ("launcher", "world", "check"), [("spawn", 4, False), ("init", 2, False), ("spawn", 4, True), ("init", 2, True)]
+)
+def test_every_collective_round_trips_every_type_on_gloo(launcher: str, world: int, check: bool) -> None:
+    """``check``: with ``check_collectives``, whose frames carry calls of up to 4 KiB a rank themselves."""
+    args = (launcher, str(world), f"check={str(check).lower()}")
     if launcher == "init":
-        res = torchrun("core_collectives.py", launcher, str(world), nproc=world, bound=JOB_BOUND)
+        res = torchrun("core_collectives.py", *args, nproc=world, bound=JOB_BOUND)
     else:
-        res = python("core_collectives.py", launcher, str(world), bound=JOB_BOUND)
+        res = python("core_collectives.py", *args, bound=JOB_BOUND)
     assert_ended(res)
     assert res.returncode == 0, tail(res)
     checks = {d["rank"]: d for d in lines(res, "CHECKS")}

@@ -18,6 +18,7 @@ Type conversion lives here, once (the checks in ``_checks.py``); every wait goes
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import struct
@@ -76,25 +77,58 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 
 
 _SIGNATURE_BYTES = 96  # what each rank tells the others of its call, with ``check_collectives``
+_INLINE_BYTES = 4096  # a tensor of at most this many bytes a rank travels inside the check itself
+_FRAME_BYTES = _SIGNATURE_BYTES + _INLINE_BYTES  # the same for every checked call: never a size mismatch
 
 
-def _agree(ctx: Context, group: Group, signature: str, timeout: float | None) -> None:
+def _signature_bytes(signature: str) -> bytes:
+    """``signature`` in 96 bytes; a longer one keeps its head and a digest of the whole, so two stay apart."""
+    text = signature.encode()
+    if len(text) > _SIGNATURE_BYTES:
+        text = text[: _SIGNATURE_BYTES - 17] + b"#" + hashlib.blake2b(text, digest_size=8).hexdigest().encode()
+    return text.ljust(_SIGNATURE_BYTES, b"\0")
+
+
+def _agree(
+    ctx: Context,
+    group: Group,
+    signature: str,
+    timeout: float | None,
+    payload: torch.Tensor | None = None,
+    nbytes: int | None = None,
+) -> torch.Tensor | None:
     """Raise ``SyncMismatch`` unless every member passes the same (with ``check_collectives``).
 
-    Every member all-gathers its call's signature (``all_reduce(SUM, float32[2, 3])``, at
-    most 96 bytes), so every member learns every other's call and raises the same error,
-    before any data moves: no rank crashes on mismatched buffers or returns garbage.
+    Every member all-gathers a frame of 4,192 bytes: its call's signature
+    (``all_reduce(SUM, float32[2, 3])``, 96 bytes), then ``payload``'s bytes when the call
+    moves ``nbytes`` <= 4 KiB a rank (``payload`` None: this rank only receives). Every
+    member learns every other's call and raises the same error before any data of a
+    larger call moves: no rank crashes on mismatched buffers or returns garbage. The
+    frame's size is the same for every checked call, whatever each rank passed.
+
+    Returns:
+        The members' payloads, one row of ``nbytes`` bytes each, when they travelled in
+        the frames (the call is done: one round trip, not two); else None.
     """
-    text = signature.encode()[:_SIGNATURE_BYTES].ljust(_SIGNATURE_BYTES, b"\0")
-    mine = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(ctx.backend.comm_device())
-    out = [torch.empty_like(mine) for _ in group.members]
+    fits = nbytes is not None and nbytes <= _INLINE_BYTES
+    device = ctx.backend.comm_device()
+    mine = torch.zeros(_FRAME_BYTES, dtype=torch.uint8, device=device)
+    mine[:_SIGNATURE_BYTES] = torch.frombuffer(bytearray(_signature_bytes(signature)), dtype=torch.uint8)
+    if fits and payload is not None and nbytes:
+        with torch.no_grad():
+            mine[_SIGNATURE_BYTES : _SIGNATURE_BYTES + nbytes] = payload.detach().reshape(-1).view(torch.uint8)
+    rows = torch.empty(len(group.members), _FRAME_BYTES, dtype=torch.uint8, device=device)
     ctx.check()
-    work = c10d.all_gather(out, mine, group=group.pg, async_op=True)
+    work = c10d.all_gather(list(rows.unbind(0)), mine, group=group.pg, async_op=True)
     _run(ctx, work, group, signature, timeout)
-    rows = _read(ctx, torch.stack(out), _tolist)
-    calls = {r: bytes(row).rstrip(b"\0").decode(errors="replace") for r, row in zip(group.members, rows, strict=False)}
-    if len(set(calls.values())) > 1:
+    signatures = rows[:, :_SIGNATURE_BYTES]
+    if not _read(ctx, (signatures == signatures[0]).all(), _item):
+        named = _read(ctx, signatures, _tolist)
+        calls = {
+            r: bytes(row).rstrip(b"\0").decode(errors="replace") for r, row in zip(group.members, named, strict=True)
+        }
         raise mismatch_of(ctx, group, calls)
+    return rows[:, _SIGNATURE_BYTES : _SIGNATURE_BYTES + nbytes] if fits and nbytes is not None else None
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -216,7 +250,9 @@ def _gather_tensor(
     if t.ndim == 0:
         t = t.unsqueeze(0)
     if ctx.settings.check_collectives:
-        _agree(ctx, members, f"{signature}({_describe(t)})", timeout)
+        inline = _agree(ctx, members, f"{signature}({_describe(t)})", timeout, t, t.nbytes)
+        if inline is not None:  # the data came with the check
+            return inline.contiguous().view(t.dtype).reshape(len(members.members) * t.shape[0], *t.shape[1:])
     out = [torch.empty_like(t) for _ in members.members]
     ctx.check()
     work = c10d.all_gather(out, t, group=members.pg, async_op=True)
@@ -391,7 +427,12 @@ def broadcast(
 
     def send(t: torch.Tensor, what: str) -> torch.Tensor:
         if ctx.settings.check_collectives:
-            _agree(ctx, members, f"broadcast(src={src}, {what})", timeout)
+            inline = _agree(ctx, members, f"broadcast(src={src}, {what})", timeout, t if is_src else None, t.nbytes)
+            if inline is not None:  # the data came with the check, in the source's row
+                if not is_src:
+                    with torch.no_grad():
+                        t.copy_(inline[members.members.index(src)].view(t.dtype).reshape(t.shape))
+                return t
         ctx.check()
         work = c10d.broadcast(t, src=src, group=members.pg, async_op=True)
         _run(ctx, work, members, f"broadcast(src={src}, {what})", timeout)  # built while the data moves

@@ -1,6 +1,7 @@
 """Every collective and type, one round trip each, in one job.
 
-argv: LAUNCHER NPROC (see core_common.py). Each rank runs every check, collects the
+argv: LAUNCHER NPROC [check=true] (see core_common.py; ``check=true``: with
+``check_collectives``, every call's data travels with or after the check). Each rank runs every check, collects the
 mismatches instead of stopping at the first, and prints one RESULT line with
 ``checks`` (how many ran) and ``errors`` (what differed: name, got, expected).
 """
@@ -107,6 +108,19 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
         idist.all_gather(torch.full((1, 3), r)),
         torch.arange(w).repeat_interleave(3).reshape(w, 3),
     )
+    # on both sides of the 4 KiB a check_collectives frame carries (1,024 vs 1,025 float32)
+    for n in (1024, 1025):
+        c.eq(
+            f"all_gather {n} x float32",
+            idist.all_gather(torch.full((n,), 0.1 * (r + 1))),
+            torch.cat([torch.full((n,), 0.1 * (i + 1)) for i in range(w)]),
+        )
+    c.eq(
+        "all_gather bool tensor",
+        idist.all_gather(torch.tensor([r % 2 == 0])),
+        torch.tensor([i % 2 == 0 for i in range(w)]),
+    )
+    c.eq("all_gather empty tensor", idist.all_gather(torch.zeros(0, 3)), torch.zeros(0, 3))
     c.eq("all_gather int", idist.all_gather(r), list(range(w)))
     c.eq("all_gather big int", idist.all_gather(2**60 + r), [2**60 + i for i in range(w)])
     c.eq("all_gather float", idist.all_gather(r + 0.5), [i + 0.5 for i in range(w)])
@@ -151,6 +165,17 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
         idist.broadcast(torch.tensor([2**60 + 1]) if r == 0 else torch.zeros(1, dtype=torch.int64)),
         torch.tensor([2**60 + 1]),
     )
+    for n in (1024, 1025):
+        c.eq(
+            f"broadcast {n} x float32",
+            idist.broadcast(torch.full((n,), 0.1) if is_src else torch.zeros(n), src=src),
+            torch.full((n,), 0.1),
+        )
+    c.eq(
+        "broadcast complex 0-d tensor",
+        idist.broadcast(torch.tensor(0.1 + 0.2j) if is_src else torch.tensor(0j), src=src),
+        torch.tensor(0.1 + 0.2j),
+    )
     c.eq("broadcast big int", idist.broadcast(2**60 + 1 if r == 0 else 0), 2**60 + 1, int)
     c.eq("broadcast negative int", idist.broadcast(-7 if is_src else 0, src=src), -7, int)
     c.eq("broadcast float", idist.broadcast(0.1 + 0.2 if r == 0 else 0.0), 0.1 + 0.2, float)
@@ -189,4 +214,4 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     launcher, nproc, params = parse_params(sys.argv[1:])
-    launch(launcher, nproc, params)
+    launch(launcher, nproc, params, check_collectives=bool(params.get("check", False)))
