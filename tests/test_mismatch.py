@@ -3,7 +3,7 @@
 Real 2-rank jobs (``jobs/mismatch_job.py``): rank 0 and rank 1 pass tensors of different
 shapes or dtypes, or numbers of different kinds. With the switch on, both ranks raise
 ``SyncMismatch`` listing what each passed, and no rank crashes or returns data. The switch
-is off by default (it costs a round trip per collective: ``benchmarks/results/sync.md``);
+is off by default (it costs an all-gather per collective: ``benchmarks/results/sync.md``);
 without it gloo may abort a rank or fill a buffer with garbage, which is why it exists.
 """
 
@@ -23,6 +23,7 @@ CASES = {
     "broadcast_shape": ("broadcast(src=0, float32[2])", "broadcast(src=0, float32[3])"),
     "reduce_shape": ("all_reduce(SUM, float32[2])", "all_reduce(SUM, float32[3])"),
     "reduce_kind": ("all_reduce(SUM, int64[])", "all_reduce(SUM, float64[])"),
+    "cross_kind": ("broadcast(src=0, float32[2])", "all_reduce(SUM, float32[2])"),
 }
 
 

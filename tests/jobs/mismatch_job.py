@@ -4,7 +4,8 @@
 
 KIND: ``gather_shape`` (all_gather of 2 vs 3 elements), ``gather_dtype`` (float32 vs
 int64), ``broadcast_shape`` (broadcast into 2 vs 3 elements), ``reduce_shape``
-(all_reduce of 2 vs 3 elements), ``reduce_kind`` (all_reduce of an int vs a float).
+(all_reduce of 2 vs 3 elements), ``reduce_kind`` (all_reduce of an int vs a float),
+``cross_kind`` (broadcast on rank 0, all_reduce on rank 1).
 With ``--check`` the job runs with ``check_collectives=True``. Every rank reports what it
 raised or what it got (``LC raised`` / ``LC got``).
 """
@@ -30,6 +31,9 @@ def fn(local_rank: int) -> None:
             got = tether.all_gather(torch.full((2,), 0.1) if rank == 0 else torch.ones(2, dtype=torch.int64))
         elif KIND == "broadcast_shape":
             got = tether.broadcast(torch.full((n,), 0.1 * (rank + 1)), src=0)
+        elif KIND == "cross_kind":  # different collectives, same tensor
+            t = torch.full((2,), 0.1)
+            got = tether.broadcast(t, src=0) if rank == 0 else tether.all_reduce(t)
         elif KIND == "reduce_shape":
             got = tether.all_reduce(torch.full((n,), 0.1))
         else:

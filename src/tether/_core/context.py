@@ -36,9 +36,10 @@ class SyncSettings:
         check_after: a collective still waiting after this long checks, on the store,
             that every rank entered the same call (the mismatch check's slow path).
         check_collectives: before each collective, every rank learns what every other
-            passed (one small all_gather): different shapes, dtypes or kinds raise
-            ``SyncMismatch`` on every rank instead of corrupting data. Off by default:
-            it costs a round trip per collective (``benchmarks/results/sync.md``).
+            passed (one all_gather of a 4 KiB frame, which carries a call of up to 4 KiB
+            a rank itself): different shapes, dtypes or kinds raise ``SyncMismatch`` on
+            every rank instead of corrupting data. Off by default: it costs an all_gather
+            per collective (``benchmarks/results/sync.md``).
     """
 
     timeout: float | None = None
