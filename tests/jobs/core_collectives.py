@@ -1,9 +1,10 @@
 """Every collective and type, one round trip each, in one job.
 
 argv: LAUNCHER NPROC [check=true] (see core_common.py; ``check=true``: with
-``check_collectives``, every call's data travels with or after the check). Each rank runs every check, collects the
-mismatches instead of stopping at the first, and prints one RESULT line with
-``checks`` (how many ran) and ``errors`` (what differed: name, got, expected).
+``check_collectives``, every call's data travels with or after the check). Each rank
+runs every check, collects the mismatches instead of stopping at the first, and prints
+one RESULT line with ``checks`` (how many ran) and ``errors`` (what differed: name, got,
+expected).
 """
 
 from __future__ import annotations
