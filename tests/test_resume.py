@@ -117,7 +117,12 @@ def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: 
     assert len(saved) == 1 and int(saved[0]) in (8, 9), out[-4000:]
     assert list((tmp_path / "ckpt").glob(".tmp-step-00000008-*")), "the killed save left its partial directory"
     assert f"resumed from the emergency checkpoint of step {saved[0]}" in out, out[-4000:]
-    assert trained(tmp_path) == trained(reference)
+    got_steps, ref_steps = trained(tmp_path), trained(reference)
+    # When rank 1 saved step 9, rank 0 may have died inside step 9 after its gradients went
+    # into the all-reduce, before it logged the step (epoch 1, iteration 0): the step is in
+    # the checkpoint, and rank 0 never logs it. Seen once in a --full run at a5eac8d.
+    unlogged = {k: v for k, v in ref_steps.items() if k != (0, 1, 0)}
+    assert got_steps == ref_steps or (saved[0] == "9" and got_steps == unlogged), (got_steps, ref_steps)
     ref, got = weights(reference), weights(tmp_path)
     assert all(torch.equal(ref[name], got[name]) for name in ref)
     assert res.leftovers == []
