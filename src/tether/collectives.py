@@ -110,13 +110,13 @@ def _agree(
         The members' payloads, one row of ``nbytes`` bytes each, when they travelled in
         the frames (the call is done: one round trip, not two); else None.
     """
-    fits = nbytes is not None and nbytes <= _INLINE_BYTES
+    inline = nbytes if nbytes is not None and nbytes <= _INLINE_BYTES else None  # bytes carried in the frame
     device = ctx.backend.comm_device()
     mine = torch.zeros(_FRAME_BYTES, dtype=torch.uint8, device=device)
     mine[:_SIGNATURE_BYTES] = torch.frombuffer(bytearray(_signature_bytes(signature)), dtype=torch.uint8)
-    if fits and payload is not None and nbytes:
+    if inline and payload is not None:
         with torch.no_grad():
-            mine[_SIGNATURE_BYTES : _SIGNATURE_BYTES + nbytes] = payload.detach().reshape(-1).view(torch.uint8)
+            mine[_SIGNATURE_BYTES : _SIGNATURE_BYTES + inline] = payload.detach().reshape(-1).view(torch.uint8)
     rows = torch.empty(len(group.members), _FRAME_BYTES, dtype=torch.uint8, device=device)
     ctx.check()
     work = c10d.all_gather(list(rows.unbind(0)), mine, group=group.pg, async_op=True)
@@ -128,7 +128,7 @@ def _agree(
             r: bytes(row).rstrip(b"\0").decode(errors="replace") for r, row in zip(group.members, named, strict=True)
         }
         raise mismatch_of(ctx, group, calls)
-    return rows[:, _SIGNATURE_BYTES : _SIGNATURE_BYTES + nbytes] if fits and nbytes is not None else None
+    return None if inline is None else rows[:, _SIGNATURE_BYTES : _SIGNATURE_BYTES + inline]
 
 
 def _describe(t: torch.Tensor) -> str:
