@@ -16,6 +16,10 @@ gradient all-reduce of step K-1 (the last step rank R finishes) only once the fa
 reached the rank, as on a loaded machine where the failure's notice overtakes the gloo
 thread that completes the all-reduce. The all-reduce itself has completed: its result is
 unchanged, only late.
+
+``--late-register`` (first attempt only): on the other ranks, tether's guard registers
+that all-reduce's future with the watchdog only once the failure has reached the rank, as
+when the main thread is preempted between issuing the all-reduce and registering it.
 """
 
 import argparse
@@ -40,8 +44,10 @@ parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--spawn", action="store_true")
 parser.add_argument("--kill-in-save", choices=["periodic", "emergency"], default=None)
 parser.add_argument("--late-allreduce", action="store_true")
+parser.add_argument("--late-register", action="store_true")
 
 LATE = threading.Event()  # set around the backward() whose all-reduce is handed back late
+LATE_REGISTER = threading.Event()  # set around the backward() whose all-reduce is registered late
 
 
 def kill_in_save(kind: str, step: int) -> None:
@@ -119,12 +125,38 @@ def late_allreduce(args: argparse.Namespace) -> None:
         cls.allreduce = late(cls.allreduce)
 
 
+def late_register(args: argparse.Namespace) -> None:
+    """Fault injection: the guard's future for an all-reduce issued while ``LATE_REGISTER`` is
+    set is added to the watchdog's ``Failables`` only after the failure has reached this rank."""
+    import time
+
+    from tether._core import context
+    from tether._core.futures import Failables
+
+    original = Failables.add
+
+    def add(self: Failables, *a: Any, **kw: Any) -> None:
+        ctx = context.peek()
+        watchdog = ctx.watchdog if ctx is not None else None
+        if LATE_REGISTER.is_set() and watchdog is not None and tether.get_rank() != args.fail_rank:
+            LATE_REGISTER.clear()  # one future: the bucket's
+            until = time.monotonic() + 10.0
+            while watchdog.failure is None and time.monotonic() < until:
+                time.sleep(0.001)
+            sys.stderr.write(f"resume_job: rank {tether.get_rank()}: an all-reduce registered late\n")
+        original(self, *a, **kw)
+
+    Failables.add = add  # type: ignore[method-assign]
+
+
 def train(local_rank: int, args: argparse.Namespace) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if args.kill_in_save and attempt == 0:
         kill_in_save(args.kill_in_save, args.fail_step)
     if args.late_allreduce and attempt == 0:
         late_allreduce(args)
+    if args.late_register and attempt == 0:
+        late_register(args)
     rank, world = tether.get_rank(), tether.get_world_size()
     gen = torch.Generator().manual_seed(1234)
     x = torch.randn(64, 8, generator=gen)
@@ -150,12 +182,16 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                     if attempt == 0 and ckpt.position.step == args.fail_step and rank == args.fail_rank:
                         raise RuntimeError(f"injected failure at step {args.fail_step} on rank {rank}")
                     loss = (model(xb) - yb).pow(2).mean()
-                    if args.late_allreduce and attempt == 0 and ckpt.position.step == args.fail_step - 1:
-                        LATE.set()  # rank R's last step: its peers' all-reduce is handed back late
+                    if attempt == 0 and ckpt.position.step == args.fail_step - 1:  # rank R's last step
+                        if args.late_allreduce:
+                            LATE.set()  # its peers' all-reduce is handed back late
+                        if args.late_register:
+                            LATE_REGISTER.set()  # its peers register that all-reduce late
                     try:
                         loss.backward()
                     finally:
                         LATE.clear()
+                        LATE_REGISTER.clear()
                     opt.step()
                     opt.zero_grad()
                     # logged inside the step: a rank killed by its own periodic save (which

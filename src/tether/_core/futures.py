@@ -29,6 +29,10 @@ Facts measured on torch 2.13 (gloo) that shape it:
   futures had a result (``finished``, in its record: ``FINISHED_KEY``), and a survivor
   leaves those futures to its backend for up to ``LATE_S`` before it fails them: the
   peer's data was sent. A lost peer's record (no count) fails them all at once.
+* The same rules hold for a future registered after the failure came: the main thread
+  can lose the CPU between issuing a collective and registering its future (seen once
+  under two concurrent test runs: a survivor's all-reduce of step 4, registered after
+  the notice of a peer that finished step 4, was failed at once, and step 4 was saved).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class Failables:
         self._pending: dict[torch.futures.Future[Any], _Pending] = {}
         self._rescues: dict[torch.futures.Future[Any], Callable[[], bool]] = {}
         self._failure: BaseException | None = None
+        self._finished_by_peer = 0  # from the failure's record: futures its rank had results of
         self.issued = 0  # futures added so far
         self.finished = 0  # futures settled with a result
 
@@ -75,14 +80,17 @@ class Failables:
         returns True when the backend's work is already done.
         """
         with self._lock:
+            number = self.issued
+            self.issued += 1  # numbered even after a failure: the sequence stays every rank's
             failure = self._failure
             if failure is None:
-                self._pending[fut] = _Pending(self.issued, deadline, on_expiry)
-                self.issued += 1
+                self._pending[fut] = _Pending(number, deadline, on_expiry)
                 if rescue is not None:
                     self._rescues[fut] = rescue
-        if failure is not None:
-            self.settle(fut, error=failure)
+                return
+        # added after the failure came (the main thread lost the CPU between issuing the
+        # collective and this call): the same rules as for one pending when it came
+        self._fail([(fut, number, rescue)], failure)
 
     def expire_due(self, now: float) -> None:
         """Run the ``on_expiry`` of every pending future whose deadline has passed (once each)."""
@@ -118,14 +126,23 @@ class Failables:
         """
         with self._lock:
             self._failure = error
+            self._finished_by_peer = finished_by_peer
             pending, self._pending = self._pending, {}
             rescues, self._rescues = self._rescues, {}
+        self._fail([(fut, entry.number, rescues.get(fut)) for fut, entry in pending.items()], error)
+
+    def _fail(
+        self,
+        futures: list[tuple[torch.futures.Future[Any], int, Callable[[], bool] | None]],
+        error: BaseException,
+    ) -> None:
+        """Fail each ``(future, number, rescue)``: not if ``rescue`` finds its work done, and
+        only after ``LATE_S`` if the failing peer had its result."""
         late = []
-        for fut, entry in pending.items():
-            rescue = rescues.get(fut)
+        for fut, number, rescue in futures:
             if rescue is not None and rescue():
                 continue
-            if entry.number < finished_by_peer:
+            if number < self._finished_by_peer:
                 late.append(fut)
             else:
                 self.settle(fut, error=error)
