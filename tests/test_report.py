@@ -181,6 +181,18 @@ def test_a_timeout_names_the_stalled_ranks_apart_from_those_waiting_in_other_cal
     assert isinstance(back, SyncTimeout) and (back.stalled, back.waiting) == ([1], [0])
 
 
+def test_a_timeout_every_rank_had_reached_by_the_verdict_names_the_last_to_arrive_and_survives_the_record() -> None:
+    where = {2: "in barrier #4"}
+    err = SyncTimeout("barrier #4", 0.1, [], where, late=[2])
+    assert (err.missing, err.late, err.stalled) == ([], [2], [2])
+    assert str(err).splitlines()[0] == "barrier #4 timed out after 0.1 s: rank(s) [2] arrived only after it expired"
+    detail = {"call": "barrier #4", "timeout": 0.1, "missing": [], "whereabouts": where, "late": [2]}
+    back = error_from_record(record(kind=KIND_TIMEOUT, detail=detail))
+    assert isinstance(back, SyncTimeout) and (back.late, back.stalled, str(back)) == ([2], [2], str(err))
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.late, again.stalled, str(again)) == ([2], [2], str(err))
+
+
 # --- the report -----------------------------------------------------------------------
 
 

@@ -139,7 +139,9 @@ class SyncTimeout(TetherError, TimeoutError):
     Raised on every rank of the sync. Names the ranks that had not arrived and what each
     was doing when the timeout expired. A rank that had not arrived because it waits in
     another call (a raw ``dist.all_reduce`` on a subgroup, say) waits for someone too: it
-    is named apart, and the root cause is a rank that was not inside any call.
+    is named apart, and the root cause is a rank that was not inside any call. A rank can
+    also arrive after the timeout expired but before the verdict asked where everyone
+    was: then every rank is in the call, and the last to arrive is named as ``late``.
 
     Attributes:
         call: the sync that timed out (``"barrier"``, ``"one_rank_first(rank=0)"``).
@@ -147,7 +149,8 @@ class SyncTimeout(TetherError, TimeoutError):
         missing: the ranks that had not arrived.
         whereabouts: rank -> what that rank was doing (its tether call and Python stack).
         waiting: the ranks of ``missing`` that were waiting in another call.
-        stalled: the others: the ranks that stalled.
+        late: the rank that arrived last, after the timeout (when no rank was missing).
+        stalled: the ranks that stalled: ``missing`` less ``waiting``, and ``late``.
     """
 
     exit_code = ExitCode.TIMEOUT
@@ -160,6 +163,7 @@ class SyncTimeout(TetherError, TimeoutError):
         whereabouts: Mapping[int, str],
         record: FailureRecord | None = None,
         waiting: Sequence[int] = (),
+        late: Sequence[int] = (),
     ) -> None:
         self.call = call
         self.timeout = timeout
@@ -167,8 +171,11 @@ class SyncTimeout(TetherError, TimeoutError):
         self.whereabouts = dict(whereabouts)
         self.record = record
         self.waiting = [r for r in self.missing if r in waiting]
-        self.stalled = [r for r in self.missing if r not in waiting]
-        if not self.missing:
+        self.late = [r for r in late if r not in self.missing]
+        self.stalled = [r for r in self.missing if r not in waiting] + self.late
+        if not self.missing and self.late:
+            head = f"{call} timed out after {timeout:g} s: rank(s) {self.late} arrived only after it expired"
+        elif not self.missing:
             head = f"{call} timed out after {timeout:g} s, although every rank was in it"
         else:
             head = f"{call} timed out after {timeout:g} s: rank(s) {self.stalled} did not arrive"
@@ -180,7 +187,8 @@ class SyncTimeout(TetherError, TimeoutError):
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.call, self.timeout, self.missing, self.whereabouts, self.record, self.waiting))
+        args = (self.call, self.timeout, self.missing, self.whereabouts, self.record, self.waiting, self.late)
+        return (type(self), args)
 
 
 class SyncMismatch(TetherError):

@@ -21,7 +21,7 @@ store) can release, fail or confuse a later one. ``N`` is the world size::
     P/lost/<rank>           judges (add 1)           judges                  first claim posts the loss
     P/node/<node>           that node's beater       other nodes' judges     heartbeat counter
     P/q/n                   askers (add 1)           askers                  whereabouts query ids
-    P/where/<qid>/<rank>    <rank>'s listener        the asker (deletes it)  JSON {where}
+    P/where/<qid>/<rank>    <rank>'s listener        the asker (deletes it)  JSON {where, for: seconds in it}
     P/left/n                every rank at finalize   the store's host        ranks that finished cleanly
     P/sync/<g>/<seq>/...    members of a sync        the same                see ``waits.py``
 
@@ -71,6 +71,15 @@ from .record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord
 
 FOREVER = datetime.timedelta(days=365)
 ROOT_WAIT = 2.0  # seconds a reader waits for record 1 when its counter is already taken
+
+
+class Answers(dict[int, str]):
+    """Whereabouts answers, rank -> where; ``seconds``: rank -> how long it had been in that
+    call when it answered (only ranks inside a call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: dict[int, float] = {}
 
 
 def clone(store: Store) -> Store:
@@ -205,7 +214,7 @@ class Channel:
 
     def ask_whereabouts(
         self, ranks: Sequence[int], answer_within: float, until: Callable[[], bool] = lambda: False
-    ) -> dict[int, str]:
+    ) -> Answers:
         """Ask ``ranks`` what they are doing; returns rank -> answer for those that answered.
 
         A rank that does not answer within ``answer_within`` seconds is frozen, dead or
@@ -217,11 +226,14 @@ class Channel:
         self.notify(others, f"ask:{qid}")
         keys = {r: self.key("where", qid, r) for r in others}
         deadline = time.monotonic() + answer_within
-        answers: dict[int, str] = {}
+        answers = Answers()
         while keys and self.queues:
             for r, k in list(keys.items()):
                 if self._store.check([k]):
-                    answers[r] = json.loads(self._store.get(k))["where"]
+                    answer = json.loads(self._store.get(k))
+                    answers[r] = answer["where"]
+                    if answer.get("for") is not None:
+                        answers.seconds[r] = answer["for"]
                     self._store.delete_key(k)
                     del keys[r]
             if not keys or time.monotonic() >= deadline or until():  # until: the answer no longer matters
@@ -229,8 +241,10 @@ class Channel:
             time.sleep(0.005)
         return answers
 
-    def answer(self, client: Store, qid: int, where: str) -> None:
-        client.set(self.key("where", qid, self.rank), json.dumps({"version": 1, "where": where}))
+    def answer(self, client: Store, qid: int, where: str, seconds: float | None = None) -> None:
+        """Answer query ``qid``: ``where`` this rank is, and for how many ``seconds`` (None: in user code)."""
+        answer = {"version": 1, "where": where, "for": seconds}
+        client.set(self.key("where", qid, self.rank), json.dumps(answer))
 
     # --- this rank's registration and exit --------------------------------------------
 

@@ -203,7 +203,7 @@ def error_from_record(record: FailureRecord) -> TetherError:
         d = record.detail
         where = {int(k): v for k, v in d.get("whereabouts", {}).items()}
         call, timeout = d.get("call", "sync"), float(d.get("timeout", 0))
-        return SyncTimeout(call, timeout, d.get("missing", []), where, record, d.get("waiting", []))
+        return SyncTimeout(call, timeout, d.get("missing", []), where, record, d.get("waiting", []), d.get("late", []))
     if record.kind == KIND_MISMATCH:
         return SyncMismatch({int(k): v for k, v in record.detail.get("calls", {}).items()}, record)
     if record.kind in (KIND_LOST, KIND_SIGNAL):

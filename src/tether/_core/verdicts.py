@@ -63,8 +63,17 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
     waiting = [r for r in missing if _in_a_call(where[r])]
     if len(waiting) == len(missing):  # all inside calls: waiting on each other, none is the one
         waiting = []
+    # Every rank is in the sync by now: one came after the timeout expired and before the
+    # question (a few ms on a loaded machine). The last to come is the one that stalled if
+    # it came after this rank's deadline: it has been in the sync for less than this rank
+    # less the timeout (each rank's answer says for how long; no clocks are compared).
+    mine = ctx.watchdog.in_call_for()
+    arrived = {r: s for r, s in answers.seconds.items() if r in group.members and r != me}
+    last = min(arrived, key=arrived.__getitem__) if arrived else None
+    late = [last] if not missing and last is not None and mine is not None and arrived[last] < mine - timeout else []
+    where.update({r: answers[r] for r in late})
     call = f"{signature} {label}" if seq else signature
-    own = SyncTimeout(call, timeout, missing, where, waiting=waiting)
+    own = SyncTimeout(call, timeout, missing, where, waiting=waiting, late=late)
     culprit = own.stalled[0] if own.stalled else me
     record = FailureRecord(
         rank=culprit,
@@ -76,7 +85,14 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
         host=socket.gethostname() if culprit == me else "",
         pid=os.getpid() if culprit == me else 0,
         reporter=me,
-        detail={"call": call, "timeout": timeout, "missing": missing, "whereabouts": where, "waiting": waiting},
+        detail={
+            "call": call,
+            "timeout": timeout,
+            "missing": missing,
+            "whereabouts": where,
+            "waiting": waiting,
+            "late": late,
+        },
     )
     own.record = record
     return post_and_pick(ctx, record, own)

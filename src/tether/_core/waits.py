@@ -88,7 +88,8 @@ def in_call(ctx: Context, call: str) -> Iterator[None]:
     if watchdog is None:
         yield
         return
-    previous, watchdog.current_call = watchdog.current_call, call
+    previous = watchdog.call_state
+    watchdog.current_call = call
     try:
         yield
     except Terminated as stop:
@@ -98,7 +99,7 @@ def in_call(ctx: Context, call: str) -> Iterator[None]:
             raise
         raise watchdog.taken(behind) from stop
     finally:
-        watchdog.current_call = previous
+        watchdog.call_state = previous
 
 
 def check_thread(call: str) -> None:

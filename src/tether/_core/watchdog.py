@@ -134,7 +134,7 @@ class Watchdog:
         self.store_closed = threading.Event()  # a thread's connection found the store gone
         self.failables = Failables()  # futures a failure fails (DDP's guard: tether/ddp.py)
         self._wait = _Wait()
-        self.current_call = ""  # what the main thread is doing, for whereabouts
+        self._call = ("", 0.0)  # what the main thread is doing, for whereabouts, and since when
         self._main = threading.main_thread()
         self._sig_r, self.signal_fd = os.pipe()  # the write end goes to signal.set_wakeup_fd
         os.set_blocking(self._sig_r, False)
@@ -322,7 +322,7 @@ class Watchdog:
                 if message == "fail":
                     self._on_fail(client)
                 elif message.startswith("ask:"):
-                    self.channel.answer(client, int(message[4:]), self.whereabouts())
+                    self.channel.answer(client, int(message[4:]), *self.timed_whereabouts())
             except dist.DistNetworkError as exc:
                 self.store_closed.set()
                 if not self._quiet_loss():
@@ -406,11 +406,40 @@ class Watchdog:
         sys.stderr.flush()
         self._exit(int(ExitCode.WATCHDOG))
 
+    @property
+    def current_call(self) -> str:
+        """What the main thread is doing, for whereabouts (``""``: user code)."""
+        return self._call[0]
+
+    @current_call.setter
+    def current_call(self, call: str) -> None:
+        self._call = (call, self._clock())
+
+    @property
+    def call_state(self) -> tuple[str, float]:
+        """``current_call`` and when it began: what a nested call saves and restores."""
+        return self._call
+
+    @call_state.setter
+    def call_state(self, state: tuple[str, float]) -> None:
+        self._call = state
+
+    def in_call_for(self) -> float | None:
+        """Seconds the main thread has been in its current call; None in user code."""
+        call, since = self._call
+        return self._clock() - since if call else None
+
     def whereabouts(self) -> str:
         """The main thread's current tether call and its innermost Python frames."""
+        return self.timed_whereabouts()[0]
+
+    def timed_whereabouts(self) -> tuple[str, float | None]:
+        """``whereabouts``, and how many seconds the main thread has been in that call (None:
+        in user code). A timeout's verdict tells by it which rank came last (``verdicts.expire``)."""
+        call, since = self._call
         frame = sys._current_frames().get(self._main.ident or -1)
         stack = "".join(traceback.format_stack(frame, limit=6)) if frame is not None else ""
-        return f"in {self.current_call or 'user code'}\n{stack}".rstrip()
+        return f"in {call or 'user code'}\n{stack}".rstrip(), (self._clock() - since if call else None)
 
 
 def render_notice(rank: int, failure: TetherError, whereabouts: str, grace: float) -> str:

@@ -1,0 +1,28 @@
+"""Who a timeout names: the rank that came late, never one that waited (issue 8, item 2)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from _core import lc_events
+from _harness import python
+
+BOUND = 60.0
+
+
+@pytest.mark.timeout(BOUND + 30)
+def test_a_rank_that_arrives_after_the_timeout_but_before_the_verdict_asks_is_named_as_late() -> None:
+    res = python("late_arrival.py", bound=BOUND)
+    assert res.returncode == 7 and res.elapsed < BOUND, res.output[-3000:]  # JobFailed, exit code 7
+    raised = {e["rank"]: e for e in lc_events(res, "raised")}
+    assert sorted(raised) == [0, 1], res.output[-3000:]
+    for e in raised.values():  # the same verdict on both ranks: rank 1 came last
+        assert e["exc"] == "SyncTimeout" and (e["missing"], e["late"], e["stalled"]) == ([], [1], [1]), e
+        assert str(e["msg"]).startswith("barrier #2 timed out after 1 s: rank(s) [1] arrived only after it expired")
+    root = re.findall(r"Root cause: rank (\d) failed: SyncTimeout: (.*)", res.stderr)
+    assert root == [("1", "barrier #2 timed out after 1 s: rank(s) [1] arrived only after it expired")], res.stderr
+    assert "  rank 1: ROOT CAUSE: SyncTimeout" in res.stderr
+    assert "  rank 0: stopped: TIMEOUT (exited with code 4)" in res.stderr
+    assert res.leftovers == []
