@@ -43,6 +43,11 @@ What is compared (µs per call):
 * ``all_gather`` and ``broadcast`` of 1 KiB and 64 MiB, tether with and without the
   mismatch check (``check_collectives``: one all_gather of a 4,192-byte frame per call,
   which carries the data of a call of up to 4 KiB a rank: at 1 KiB that is the whole call).
+* ``all_gather`` of this process's random states (what a periodic checkpoint gathers
+  from every rank, about 12 KiB pickled) and ``broadcast`` of a 100-byte str: tether (one
+  collective when the bytes fit its frame) vs torch's ``all_gather_object`` /
+  ``broadcast_object_list``, and, for the states, the two all_gathers (sizes, then the
+  padded bytes) tether made before its frames. No target: reported.
 * ``send`` + ``recv`` of one float32, in pairs of ranks (even sends first): torch's
   functions as tether wraps them with ``sync_timeout`` set (marked, and waiting on the
   async work with the job's bound) vs torch's own.
@@ -58,6 +63,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import statistics
 import sys
 import time
@@ -79,6 +85,12 @@ TARGETS = [  # (row, contender, baseline, max ratio: the upper quartile of the p
     ("all_gather 64 MiB f32", "tether + check", "tether", 1.01),
     ("broadcast 64 MiB f32", "tether + check", "tether", 1.01),
     ("send + recv 4 B", "tether (bounded)", "raw dist", 1.05),  # no issue's target: the all_reduce one
+]
+# rows without a target, and the baseline each of their contenders is compared with
+REPORTED = [
+    ("all_gather random states", "size + data (two all_gathers)", "tether"),
+    ("all_gather random states", "tether", "raw dist"),
+    ("broadcast str 100 B", "tether", "raw dist"),
 ]
 
 
@@ -192,6 +204,38 @@ def _contenders(world: int, quick: bool) -> list[tuple[str, str, Callable[[], ob
             row = f"{name} {size} f32"
             out.append((row, "tether", with_settings(unchecked, lambda op=op, t=tensor: op(t)), calls))
             out.append((row, "tether + check", with_settings(checked, lambda op=op, t=tensor: op(t)), calls))
+    # a str or an object travels in one frame when it fits (``collectives._frame``); the
+    # random states a periodic checkpoint gathers from every rank are such an object
+    from tether import _randomness
+
+    states = _randomness.state()
+    text = "x" * 100
+
+    def two_gathers() -> object:  # how tether gathered an object before its frames: size, then data
+        data = pickle.dumps(states)
+        sizes = tether.all_gather(len(data))
+        padded = torch.zeros(max(sizes), dtype=torch.uint8)
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return tether.all_gather(padded.unsqueeze(0))
+
+    def object_list(obj: object) -> object:
+        got = [None] * world
+        c10d.all_gather_object(got, obj)
+        return got
+
+    def broadcast_list() -> object:
+        box = [text if dist.get_rank() == 0 else None]
+        c10d.broadcast_object_list(box, src=0)
+        return box[0]
+
+    row = f"all_gather random states ({len(pickle.dumps(states)) / 1024:.1f} KiB)"
+    out += [
+        (row, "tether", lambda: tether.all_gather(states), k),
+        (row, "raw dist", lambda: object_list(states), k),
+        (row, "size + data (two all_gathers)", two_gathers, k),
+        ("broadcast str 100 B", "tether", lambda: tether.broadcast(text if dist.get_rank() == 0 else ""), k),
+        ("broadcast str 100 B", "raw dist", broadcast_list, k),
+    ]
     if igd is not None:
         out += [
             ("one_rank_first", "ignite", ofr_ignite, k),
@@ -312,8 +356,11 @@ def _baseline(op: str, who: str) -> str | None:
     for row, contender, base, _ in TARGETS:
         if row == op and contender == who:
             return base
+    for prefix, contender, base in REPORTED:
+        if op.startswith(prefix) and contender == who:
+            return base
     base = {"one_rank_first": "ignite", "barrier": "raw dist (collective)"}.get(op, "raw dist")
-    if op.startswith(("all_gather", "broadcast")):
+    if op.startswith(("all_gather", "broadcast")) and op.endswith("f32"):
         base = "tether"
     return None if who == base else base
 
@@ -363,6 +410,15 @@ def verdicts(results: list[dict[str, object]]) -> list[str]:
                 f"{res['world']} ranks: {op}: {who} / {base} = {ratio:.3f}x (IQR {q1:.3f}x to {q3:.3f}x; "
                 f"target <= {limit}x) {_proc.verdict(q1, q3, limit)}"
             )
+        ops = list(dict.fromkeys(row["op"] for row in res["rows"]))  # type: ignore[attr-defined]
+        for prefix, who, base in REPORTED:
+            for op in (o for o in ops if o.startswith(prefix)):
+                quart = _ratio(res, op, who, base)
+                if quart is not None:
+                    out.append(
+                        f"{res['world']} ranks: {op}: {who} / {base} = {quart[1]:.3f}x "
+                        f"(IQR {quart[0]:.3f}x to {quart[2]:.3f}x; no target)"
+                    )
     return out
 
 

@@ -11,13 +11,15 @@ Type conversion lives here, once (the checks in ``_checks.py``); every wait goes
   contiguous copy on the backend's device. Either way ``all_reduce`` and ``broadcast``
   fill the caller's tensor in place and return it (ignite does so for a tensor on its
   device, and returns a new tensor otherwise).
-* Strings and other objects travel as bytes, with their length first; arbitrary objects
-  use pickle, as ``dist.all_gather_object`` does, and only the caller's own objects are
-  ever unpickled — never a failure record.
+* Strings and other objects travel as bytes, with their length first, in one collective
+  when they fit a frame (``_frame``), else in a second one sized for the longest;
+  arbitrary objects use pickle, as ``dist.all_gather_object`` does, and only the caller's
+  own objects are ever unpickled — never a failure record.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import pickle
@@ -260,14 +262,51 @@ def _gather_tensor(
     return torch.cat(out, dim=0)
 
 
+# A str's or an object's bytes travel in a frame of fixed size: their length, then the bytes
+# when they fit. Measured here (gloo, 2 and 4 ranks): an all_gather or a broadcast of 8 B
+# costs what one of 64 KiB does, so one frame makes a small object one collective, not
+# two. An all_gather's frame shrinks as the group grows (each rank receives them all).
+_LENGTH = struct.Struct("<q")
+_FRAME_MAX = 16 * 1024  # bytes: the frame of a broadcast, and of an all_gather of up to 4 ranks
+_GATHER_BUDGET = 64 * 1024  # bytes a rank receives in the frames of one all_gather, at most
+_FRAME_MIN = 256
+
+
+def _frame(data: bytes, size: int, device: torch.device) -> torch.Tensor:
+    """A frame of ``size`` bytes: ``data``'s length, then ``data`` if it fits."""
+    frame = torch.zeros(size, dtype=torch.uint8)
+    frame[: _LENGTH.size] = torch.frombuffer(bytearray(_LENGTH.pack(len(data))), dtype=torch.uint8)
+    if 0 < len(data) <= size - _LENGTH.size:
+        frame[_LENGTH.size : _LENGTH.size + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return frame.to(device)
+
+
+def _unframe(frame: torch.Tensor) -> bytes | int:
+    """A frame's bytes (on the CPU), or their length when they did not fit."""
+    n = _LENGTH.unpack(_bytes_of(frame[: _LENGTH.size]))[0]
+    return _bytes_of(frame[_LENGTH.size : _LENGTH.size + n]) if n <= frame.numel() - _LENGTH.size else int(n)
+
+
+def _bytes_of(t: torch.Tensor) -> bytes:
+    """A uint8 CPU tensor's bytes (``bytes(t.tolist())`` makes a Python int per byte)."""
+    t = t.contiguous()
+    return ctypes.string_at(t.data_ptr(), t.numel()) if t.numel() else b""
+
+
 def _gather_bytes(ctx: Context, data: bytes, members: Group, signature: str, timeout: float | None) -> list[bytes]:
+    """Every member's ``data``: one all_gather of frames, and a second, sized for the longest,
+    only when some member's did not fit its frame (every member sees that in the frames)."""
     device = ctx.backend.comm_device()
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    sizes = _read(ctx, _gather_tensor(ctx, size, members, signature + "/size", timeout), _tolist)
+    size = max(_FRAME_MIN, min(_FRAME_MAX, _GATHER_BUDGET // len(members.members)))
+    frames = _gather_tensor(ctx, _frame(data, size, device).unsqueeze(0), members, signature, timeout)
+    got = [_unframe(row) for row in _read(ctx, frames, _cpu)]
+    if all(isinstance(g, bytes) for g in got):
+        return cast(list[bytes], got)
+    sizes = [g if isinstance(g, int) else len(g) for g in got]
     padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
     padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else padded[:0]
     rows = _read(ctx, _gather_tensor(ctx, padded.unsqueeze(0), members, signature + "/data", timeout), _cpu)
-    return [bytes(row[:n].tolist()) for row, n in zip(rows, sizes, strict=True)]
+    return [_bytes_of(row[:n]) for row, n in zip(rows, sizes, strict=True)]
 
 
 def all_gather(tensor: Any, group: Any = None, timeout: float | None = None) -> Any:
@@ -439,11 +478,13 @@ def broadcast(
         return t
 
     def send_bytes(data: bytes, what: str) -> bytes:
-        size = send(torch.tensor([len(data)], dtype=torch.int64, device=device), what + "/size")
-        buf = torch.zeros(int(_read(ctx, size, _item)), dtype=torch.uint8, device=device)
-        if is_src and data:
+        got = _unframe(_read(ctx, send(_frame(data, _FRAME_MAX, device), what), _cpu))
+        if isinstance(got, bytes):  # it fitted the frame: one collective
+            return got
+        buf = torch.zeros(got, dtype=torch.uint8, device=device)
+        if is_src:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        return bytes(_read(ctx, send(buf, what + "/data"), _tolist))
+        return _bytes_of(_read(ctx, send(buf, what + "/data"), _cpu))
 
     kind = _kind(tensor)
     if safe_mode:

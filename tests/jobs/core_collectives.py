@@ -126,6 +126,19 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
     c.eq("all_gather big int", idist.all_gather(2**60 + r), [2**60 + i for i in range(w)])
     c.eq("all_gather float", idist.all_gather(r + 0.5), [i + 0.5 for i in range(w)])
     c.eq("all_gather str", idist.all_gather("é" * r), ["é" * i for i in range(w)])
+    # strs and objects travel in frames of min(16 KiB, 64 KiB / world) bytes (8 of them the
+    # length): one collective when every rank's bytes fit, two when one rank's do not
+    room = min(16384, 65536 // w) - 8
+    c.eq(
+        "all_gather str filling the frame", idist.all_gather(chr(97 + r) * room), [chr(97 + i) * room for i in range(w)]
+    )
+    over = [room + (i == 1) for i in range(w)]  # rank 1's is one byte too long for its frame
+    c.eq(
+        "all_gather str one byte over",
+        idist.all_gather(chr(97 + r) * over[r]),
+        [chr(97 + i) * over[i] for i in range(w)],
+    )
+    c.eq("all_gather big object", idist.all_gather(list(range(3000 * r))), [list(range(3000 * i)) for i in range(w)])
     c.eq(
         "all_gather dict",
         idist.all_gather({"rank": r, "name": f"n{r}"}),
@@ -182,6 +195,20 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
     c.eq("broadcast float", idist.broadcast(0.1 + 0.2 if r == 0 else 0.0), 0.1 + 0.2, float)
     c.eq("broadcast str", idist.broadcast("héllo wörld" if r == 0 else ""), "héllo wörld", str)
     c.eq("broadcast empty str", idist.broadcast("" if r == 0 else "xyz"), "", str)
+    for n in (16384 - 8, 16384 - 7):  # a broadcast's frame: 16 KiB, 8 bytes of them the length
+        c.eq(
+            f"broadcast str of {n} bytes",
+            idist.broadcast("é" * (n // 2) + "x" * (n % 2) if r == 0 else "y"),
+            "é" * (n // 2) + "x" * (n % 2),
+            str,
+        )
+        long = "z" * n
+        c.eq(
+            f"broadcast safe_mode str of {n} bytes",
+            idist.broadcast(long if is_src else None, src=src, safe_mode=True),
+            long,
+            str,
+        )
     c.eq(
         "broadcast Path",
         idist.broadcast(Path("/tmp/a b/c.txt") if is_src else Path("."), src=src),
