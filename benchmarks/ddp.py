@@ -23,6 +23,10 @@ SGD, ``zero_grad()``) of ``torch.nn.parallel.DistributedDataParallel`` as torch 
   (``tether.register_comm_hook(model, hook=allreduce_hook)``, the path of a user's own
   hook): any hook divides the bucket in a pass of its own, which DDP's built-in path
   folds into its copy of the gradients (``reducer.cpp``),
+* plain DDP and the guarded one built with ``gradient_as_bucket_view=True`` (a DDP
+  argument ``auto_model`` passes on): the gradients are views of the buckets, so no
+  copy back out of them after the all-reduce; the guarded one still divides in a pass
+  of its own. Their ratios are to plain DDP as torch ships it, and to each other,
 
 for
 
@@ -34,7 +38,7 @@ for
 Targets: guarded/plain <= 1.05x for the ~1 MB model, <= 1.02x for the ~100 MB model.
 
 How: one torchrun job per world size (gloo on CPU, one thread per rank). Each rank calls
-``tether.initialize("gloo")`` and builds, for each model, five DDP instances from the
+``tether.initialize("gloo")`` and builds, for each model, seven DDP instances from the
 same initial weights (deep copies, and DDP broadcasts rank 0's anyway) in the same process
 over the same process group, each with its own SGD. Each rank feeds its own fixed batch
 (seeded by rank), the same to every contender.
@@ -91,6 +95,8 @@ KEYS = (  # (contender, key of its samples); plain first: every ratio is to it
     ("DDP guarded by tether (auto_model)", "guarded_ms"),
     ("DDP + torch's allreduce_hook", "torch_hook_ms"),
     ("DDP + tether's hook around it", "hook_ms"),
+    ("plain DDP, gradient_as_bucket_view", "plain_view_ms"),
+    ("DDP guarded by tether, gradient_as_bucket_view", "guarded_view_ms"),
 )
 WARMUP = 5  # steps per contender before timing (DDP rebuilds its buckets at the 2nd)
 
@@ -156,9 +162,13 @@ def worker(rounds: int, quick: bool, steps: dict[str, int], pin: bool) -> None:
         tether.register_comm_hook(guarded)
         torch_hooked = DistributedDataParallel(copy.deepcopy(net))
         torch_hooked.register_comm_hook(None, default_hooks.allreduce_hook)
+        plain_view = DistributedDataParallel(copy.deepcopy(net), gradient_as_bucket_view=True)
+        guarded_view = DistributedDataParallel(copy.deepcopy(net), gradient_as_bucket_view=True)
+        tether.register_comm_hook(guarded_view)
         hooked = DistributedDataParallel(net)
         tether.register_comm_hook(hooked, hook=default_hooks.allreduce_hook)
-        groups.append([_Contender(m, x, y) for m in (plain, control, guarded, torch_hooked, hooked)])
+        contenders = (plain, control, guarded, torch_hooked, hooked, plain_view, guarded_view)
+        groups.append([_Contender(m, x, y) for m in contenders])
         params = sum(p.numel() for p in net.parameters())
         nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
         models.append({"model": name, "params": params, "bytes": nbytes, "batch": batch, "steps": steps[name]})
@@ -309,6 +319,12 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
                     f"; any hook's own pass over the gradients (the division DDP does while copying into its "
                     f"buckets): {model['hook_pass_ms']:.2f} ms = {1 + share:.3f}x of plain DDP's step"
                 )
+            v1, view, v3 = _ratios(model, "guarded_view_ms")
+            s1, same, s3 = _ratios(model, "guarded_view_ms", "plain_view_ms")
+            floor += (
+                f"; with gradient_as_bucket_view=True: guarded/plain (torch's default) = {view:.3f}x "
+                f"(IQR {v1:.3f}x to {v3:.3f}x), guarded/plain (both with it) = {same:.3f}x (IQR {s1:.3f}x to {s3:.3f}x)"
+            )
             out.append(
                 f"{res['world']} ranks: {model['model']} model ({mb:.0f} MB): guarded/plain = {ratio:.3f}x "
                 f"(IQR {q1:.3f}x to {q3:.3f}x; target <= {limit}x) {verdict}; the control (plain/plain) "
