@@ -125,20 +125,23 @@ def test_a_survivor_whose_all_reduce_comes_after_the_failure_notice_still_saves_
 @pytest.mark.timeout(2 * BOUND + 60)
 def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: Path, tmp_path: Path) -> None:
     # rank 0 dies after state.pt of step 8 is written, before its manifest; rank 1 saves the
-    # step it was in then (8, or 9 when rank 0's main thread got through step 8 first)
+    # step it was in then: 8, or later when rank 0's main thread trained on while its writer
+    # thread (nice 19) waited for a core (step 10 and 12 seen under two concurrent runs,
+    # on 4c8d971 as on 6cb6a06), but not past 12: the save of step 12 waits for the writer
     res = torchrun(tmp_path, "--every", "4", "--fail-step", "8", "--fail-rank", "9", "--kill-in-save", "periodic")
     out = res.output
     assert res.returncode == 0, out[-4000:]
     saved = re.findall(r"rank 1 saved an emergency checkpoint of step (\d+) to ", out)
-    assert len(saved) == 1 and int(saved[0]) in (8, 9), out[-4000:]
+    assert len(saved) == 1 and 8 <= int(saved[0]) <= 12, out[-4000:]
+    step = int(saved[0])
     assert list((tmp_path / "ckpt").glob(".tmp-step-00000008-*")), "the killed save left its partial directory"
-    assert f"resumed from the emergency checkpoint of step {saved[0]}" in out, out[-4000:]
+    assert f"resumed from the emergency checkpoint of step {step}" in out, out[-4000:]
     got_steps, ref_steps = trained(tmp_path), trained(reference)
-    # When rank 1 saved step 9, rank 0 may have died inside step 9 after its gradients went
-    # into the all-reduce, before it logged the step (epoch 1, iteration 0): the step is in
-    # the checkpoint, and rank 0 never logs it. Seen once in a --full run at a5eac8d.
-    unlogged = {k: v for k, v in ref_steps.items() if k != (0, 1, 0)}
-    assert got_steps == ref_steps or (saved[0] == "9" and got_steps == unlogged), (got_steps, ref_steps)
+    # Rank 0 may have died inside the step rank 1 saved, after its gradients went into the
+    # all-reduce and before it logged the step: the step is in the checkpoint, and rank 0
+    # never logs it (seen once in a --full run at a5eac8d, with step 9).
+    unlogged = {k: v for k, v in ref_steps.items() if not (k[0] == 0 and v[0] == step)}
+    assert got_steps in (ref_steps, unlogged), (got_steps, ref_steps)
     ref, got = weights(reference), weights(tmp_path)
     assert all(torch.equal(ref[name], got[name]) for name in ref)
     assert res.leftovers == []
