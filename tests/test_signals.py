@@ -97,3 +97,44 @@ def test_a_signal_to_a_rank_waiting_in_barrier_is_honoured_within_half_a_second(
         assert codes.get("0") not in (0, None) and codes.get("1") not in (0, None), f"exit codes {codes}\n{tail(res)}"
     # 4. nothing left
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(180)
+def test_a_launchers_stop_during_a_victims_post_leaves_its_error_file_and_exit_code() -> None:
+    res = torchrun("torchrun_stop_in_post.py", nproc=2, bound=120.0)
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    assert res.returncode == 1, tail(res)
+    assert events(res, "stop sent"), f"rank 0 never reached its post\n{tail(res)}"
+    victim = {e["rank"]: e for e in events(res, "raised")}.get(0)
+    assert victim is not None, tail(res)
+    assert (victim["exc"], victim["failing"], victim["orig_msg"]) == ("PeerFailure", 1, "boom from rank 1"), victim
+    root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root), root
+    assert "RuntimeError: boom from rank 1" in root, root
+    # rank 0 ended with its failure's code and its own error file, not as the stop's 143
+    failures = res.stderr.split("Failures:", 1)[1].split("Root Cause", 1)[0]
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\s+exitcode\s+: 3 ", failures), failures
+    assert "PeerFailure: rank 1 failed: RuntimeError: boom from rank 1" in failures, failures
+    assert res.leftovers == [], tail(res)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["finalize", "exit"])
+def test_a_launchers_stop_in_user_code_ends_the_rank_with_the_peers_failure_not_an_abort(how: str) -> None:
+    res = torchrun("torchrun_stop_in_user_code.py", how, nproc=2, bound=120.0)
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    assert res.returncode == 1, tail(res)
+    assert events(res, "in user code") and not events(res, "never stopped"), tail(res)
+    # rank 0 was stopped in its own code: Terminated (a SystemExit), not a tether error
+    victim = {e["rank"]: e for e in events(res, "raised")}.get(0)
+    assert victim is not None and victim["exc"] == "Terminated", tail(res)
+    root = res.stderr.split(TORCHRUN_REPORT, 1)[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root), root
+    assert "RuntimeError: boom from rank 1" in root, root
+    # it ended with the code of the failure behind the stop, its error file says that
+    # failure, and it did not abort in Python's teardown (SIGABRT, exit -6)
+    failures = res.stderr.split("Failures:", 1)[1].split("Root Cause", 1)[0]
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\s+exitcode\s+: 3 ", failures), failures
+    assert "PeerFailure: rank 1 failed: RuntimeError: boom from rank 1" in failures, failures
+    assert "terminate called" not in res.stderr, tail(res)
+    assert res.leftovers == [], tail(res)

@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import functools
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -24,10 +25,12 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ..errors import TetherError
 from . import context
 from .channel import wait_keys
 from .context import Context
 from .failures import report_failure
+from .hooks import Hooks, Terminated
 from .stores import CLOSE_WAIT, StoreProbe
 
 log = logging.getLogger("tether")
@@ -108,11 +111,39 @@ def register_atexit() -> None:
 
 
 def _at_exit() -> None:
-    """A process that never called ``finalize``: stop tether's threads before teardown."""
+    """A process that never called ``finalize``: stop tether's threads before teardown.
+
+    One that a SIGTERM is ending (``Terminated`` reached the top) posts the stop, as
+    ``finalize`` would, rather than a clean exit, and an owned one then ends at once (see
+    ``_end_stopped``).
+    """
     ctx = context.peek()
-    if ctx is not None:
-        ctx.leaving = "exited without finalize()"
-        retire(ctx, leave=True)
+    if ctx is None:
+        return
+    hooks = ctx.hooks
+    if hooks is not None and hooks.owned and hooks.signalled == signal.SIGTERM:
+        stop = Terminated(128 + signal.SIGTERM)
+        behind = report_failure(stop)
+        retire(ctx)
+        _end_stopped(hooks, behind, stop)  # ends the process
+        return
+    ctx.leaving = "exited without finalize()"
+    retire(ctx, leave=True)
+
+
+def _end_stopped(hooks: Hooks | None, behind: BaseException | None, stop: Terminated) -> None:
+    """A SIGTERM is ending this rank: an owned process ends now, skipping Python's teardown.
+
+    Its code is that of the peer's failure behind the stop (a launcher's SIGTERM because a
+    worker died), else 128 + 15. ``Terminated`` is a ``SystemExit``: it never reaches the
+    excepthook that ends other failures this way, and the interpreter's teardown ends any
+    thread still inside a torch C++ call (tether's, gloo's, the user's) with
+    ``pthread_exit``, which aborts the process through pybind11 ("terminate called without
+    an active exception", SIGABRT; seen in CI, reproduced with a thread in
+    ``TCPStore.wait`` at exit). A process tether does not own is left to Python.
+    """
+    if hooks is not None and hooks.owned:
+        hooks.end(behind if isinstance(behind, TetherError) else stop)
 
 
 def finalize() -> None:
@@ -126,11 +157,13 @@ def finalize() -> None:
     ``PeerFailure``) and is not ended by tether.
     """
     in_flight = sys.exc_info()[1]  # finalize() in a `finally:` while an exception propagates
+    behind = None
     if in_flight is not None and context.peek() is not None:
-        report_failure(in_flight)  # else the hooks are gone before the excepthook could post it
+        behind = report_failure(in_flight)  # else the hooks are gone before the excepthook could post it
     ctx = context.peek()
     if ctx is None or ctx.channel is None or ctx.watchdog is None:
         return
+    hooks = ctx.hooks
     clean = not ctx.failed
     try:
         if clean:
@@ -147,6 +180,8 @@ def finalize() -> None:
             dist.destroy_process_group()
         if not clean:
             context.abandon_process_group()
+    if isinstance(in_flight, Terminated):
+        _end_stopped(hooks, behind, in_flight)
 
 
 def _leave(ctx: Context) -> None:

@@ -28,6 +28,17 @@ def report_failure(exc: BaseException) -> BaseException | None:
     ctx = context.peek()
     if ctx is None or ctx.channel is None or is_success(exc):
         return None
+    if ctx.hooks is None:
+        return _report(ctx, exc)
+    with ctx.hooks.posting() as stops:  # a launcher's SIGTERM must not land inside the post
+        behind = _report(ctx, exc)
+    if stops:
+        ctx.hooks.stop_after(stops[0], behind if isinstance(behind, TetherError) else exc)
+    return behind
+
+
+def _report(ctx: Context, exc: BaseException) -> BaseException | None:
+    assert ctx.channel is not None  # see report_failure
     if isinstance(exc, Terminated) and not any(seen is exc for seen, _ in ctx.posted):
         behind = failure_behind_stop(ctx)
         if behind is not None:

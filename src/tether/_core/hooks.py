@@ -20,6 +20,12 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
   is posted), not as a signal. torchrun SIGTERMs every worker 0.1 s after the first one
   exits; a victim still in the user's ``atexit`` functions (a logger's flush) would
   otherwise show as ``-15`` in torchrun's summary instead of ``PEER_FAILED``.
+* **Posting.** A failure posted on the main thread before it reaches the excepthook (a
+  ``finally: finalize()``, ``Parallel.run``) holds SIGTERM and SIGINT while it is posted
+  (``posting``): a launcher's stop that lands in the post's store round trips raised
+  ``Terminated`` there, over the failure, and the rank ended with exit 143 and no error
+  file -- torchrun then named it the root cause (seen in CI, 4 ranks, a mismatch). A stop
+  that came meanwhile ends an owned process right after the post, with the failure's code.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -131,6 +137,48 @@ class Hooks:
         self._saved.clear()
         if kept is not None:
             self._saved["excepthook"] = kept
+
+    @contextlib.contextmanager
+    def posting(self) -> Iterator[list[int]]:
+        """Hold SIGTERM and SIGINT while a failure is posted; yields the signals that came.
+
+        Only on the main thread and only where this object's handler is installed (in the
+        excepthook, ``_on_signal_while_ending`` already defers a stop). See ``stop_after``.
+        """
+        came: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            yield came
+            return
+        held = [sig for sig in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(sig) == self._on_signal]
+        for sig in held:
+            signal.signal(sig, lambda signum, frame: came.append(signum))
+        try:
+            yield came
+        finally:
+            for sig in held:
+                signal.signal(sig, self._on_signal)
+
+    def stop_after(self, signum: int, shown: BaseException) -> None:
+        """A stop held while a failure was posted: an owned process ends now, quietly.
+
+        It ends with the code of ``shown`` (the peer's failure behind the posted one, or
+        that one): its error file is written and the launcher asked it to stop, so neither
+        the code that was to run next nor the excepthook's line would reach anyone. A
+        process tether does not own gets the stop as the handler would have raised it.
+        """
+        self.signalled = signum
+        if not self._owned:
+            self._on_signal(signum, None)
+        self.end(shown)
+
+    @property
+    def owned(self) -> bool:
+        """Whether tether ends this process after a failure (see the module docstring)."""
+        return self._owned
+
+    def end(self, shown: BaseException) -> None:
+        """End the process now with the exit code of ``shown``, streams flushed, no teardown."""
+        self._end(exit_code_for(shown))
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         ending = self._owned and threading.current_thread() is threading.main_thread()
