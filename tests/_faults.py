@@ -150,7 +150,14 @@ class Sequencer:
 
 
 def result(rank: int, exc: BaseException) -> None:
-    """Print this rank's RESULT line for the exception it caught."""
+    """Print this rank's RESULT line for the exception it caught (a job's SIGTERM waits for it)."""
+    from lifecycle_common import stops_held  # tests/jobs: on the path of the job that calls this
+
+    with stops_held():
+        _result(rank, exc)
+
+
+def _result(rank: int, exc: BaseException) -> None:
     message = str(exc).splitlines()[0] if str(exc) else ""
     data: dict[str, object] = {"rank": rank, "type": type(exc).__name__, "message": message}
     data["failing"] = getattr(exc, "rank", None)

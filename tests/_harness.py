@@ -84,7 +84,9 @@ def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle
     killed before this returns.
     """
     tag = uuid.uuid4().hex
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), "TETHER_TEST_JOB": tag}
+    # faulthandler: a job's process that aborts in C++ (SIGABRT, seen once in CI) prints
+    # every thread's Python stack, so the failing test's output says where it was
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {}), "TETHER_TEST_JOB": tag}
     start = time.monotonic()
     proc = subprocess.Popen(
         args, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -14,13 +14,16 @@ that only starts ranks starts fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 MAX_MSG = 400
@@ -34,6 +37,27 @@ def emit(event: str, **data: Any) -> None:
     os.write(1, _line(event, data).encode())
 
 
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """A report's line is written whole: SIGTERM is held meanwhile, then sent again.
+
+    torchrun SIGTERMs the survivors 0.1 s after a worker exited; one that landed while a
+    survivor wrote its ``raised``/``RESULT`` line cut the line, and the test, not seeing
+    the exception the rank had raised, failed (CI, once). The stop itself still happens.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if came:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def safe_str(obj: object) -> str:
     """``str(obj)``, or a placeholder when its ``__str__`` raises."""
     try:
@@ -44,6 +68,11 @@ def safe_str(obj: object) -> str:
 
 def raised(rank: int, exc: BaseException, **extra: Any) -> None:
     """Report the exception this rank caught (it re-raises it afterwards)."""
+    with stops_held():
+        _raised(rank, exc, extra)
+
+
+def _raised(rank: int, exc: BaseException, extra: dict[str, Any]) -> None:
     import tether
 
     msg = safe_str(exc)
