@@ -390,6 +390,22 @@ def test_the_lowest_surviving_rank_writes_the_emergency_checkpoint(tmp_path: Pat
     assert res.leftovers == []
 
 
+@pytest.mark.timeout(BOUND + 60)
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+def test_a_periodic_save_at_the_last_step_is_complete_when_the_job_ends(launcher: str, tmp_path: Path) -> None:
+    if launcher == "spawn":
+        res = _harness.python("checkpoint_cases.py", "last", str(tmp_path), bound=BOUND)
+    else:
+        res = _harness.torchrun("checkpoint_cases.py", "last", str(tmp_path), nproc=2, bound=BOUND)
+    assert res.returncode == 0, res.output[-3000:]
+    assert sorted(e["step"] for e in _events(res, "trained")) == [2, 2], res.output[-3000:]
+    ckpt = tmp_path / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002"], list(ckpt.iterdir())
+    manifest = json.loads((ckpt / "step-00000002" / "manifest.json").read_text())
+    assert manifest["step"] == 2 and manifest["world_size"] == 2, manifest
+    assert res.leftovers == []
+
+
 def _events(res: Result, event: str) -> list[dict[str, object]]:
     from _core import lc_events
 

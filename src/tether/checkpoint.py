@@ -26,7 +26,8 @@ resumed run draws what the uninterrupted one drew, although no survivor can save
 random state of a rank that died (``seed=None`` turns this off). After it, every
 ``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
 Python's, NumPy's) and rank 0 saves a periodic checkpoint: the state is copied in memory
-on the main thread, then written by a background thread (the step goes on). A thread, not
+on the main thread, then written by a background thread (the step goes on; the process
+waits for it before it exits, so the save of a run's last step is not lost). A thread, not
 a process: ``torch.save`` leaves the GIL to the training thread while it writes, and a
 writer process, tried, did not change the step time
 (``benchmarks/results/checkpoint-writer-process.md``). A resume from
@@ -312,8 +313,11 @@ class Checkpointer:
         self.wait()
         state = self._snapshot(position, randomness)  # on this thread: the state of this very step
         world = current().backend.topology.world_size
+        # not a daemon: a script that ends right after a save (its last step) must not lose
+        # it. Python joins such a thread before it exits, as tether.spawn's worker does; a
+        # daemon was stopped mid-write, leaving a .tmp- directory (tests/test_resume.py)
         self._writer = threading.Thread(
-            target=self._write_behind, args=(state, position, world), name="tether-checkpoint", daemon=True
+            target=self._write_behind, args=(state, position, world), name="tether-checkpoint"
         )
         self._writer.start()
 

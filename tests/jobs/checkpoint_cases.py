@@ -2,6 +2,8 @@
 
     python checkpoint_cases.py random first|resume OUT   (2 ranks, tether.spawn)
     python checkpoint_cases.py lowest OUT                (4 ranks, tether.spawn)
+    python checkpoint_cases.py last OUT                  (2 ranks, tether.spawn)
+    torchrun --nproc-per-node 2 checkpoint_cases.py last OUT
 
 * ``random``: every rank starts from its own seeds and uses ``seed=None`` (no per-step
   seeding), so only the random states a periodic checkpoint saved can carry randomness
@@ -11,8 +13,12 @@
 * ``lowest``: rank 0 raises in step 1; rank 1 reaches that step 0.1 s after ranks 2 and 3
   (which learn of the failure at once). The lowest survivor, rank 1, must write the
   emergency checkpoint.
+* ``last``: the ~100 MB model of ``benchmarks/resume.py --big``; the loop's last step is a
+  periodic save, and the function (the script, under torchrun) ends at once, with no
+  ``ckpt.wait()``. The save must be complete on disk when the job has ended.
 """
 
+import os
 import random
 import sys
 import time
@@ -72,9 +78,28 @@ def lowest_case(local_rank: int, out: str) -> None:
         raise
 
 
+def last_case(local_rank: int, out: str) -> None:
+    torch.manual_seed(0)
+    model = tether.auto_model(torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(out, "ckpt"), every=2)
+    for i in range(2):
+        with ckpt.step(0, i):
+            model(torch.ones(2, 2048)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    emit("trained", rank=tether.get_rank(), step=ckpt.position.step)
+
+
 if __name__ == "__main__":
+    if CASE == "last" and "RANK" in os.environ:  # under torchrun: the script is the rank
+        tether.initialize("gloo")
+        last_case(tether.get_local_rank(), sys.argv[2])
+        sys.exit(0)
     try:
-        if CASE == "random":
+        if CASE == "last":
+            tether.spawn("gloo", last_case, (sys.argv[2],), nproc_per_node=2)
+        elif CASE == "random":
             tether.spawn("gloo", random_case, (sys.argv[2], sys.argv[3]), nproc_per_node=2)
         else:
             tether.spawn("gloo", lowest_case, (sys.argv[2],), nproc_per_node=4)
