@@ -23,6 +23,7 @@ from _faults import RESULT, Case
 from fault_matrix import ROWS, TORCHRUN, Row
 
 SPAWN_REPORT = "tether: job failed. Root cause: "
+EVERY_RANK = "tether: job failed. Every rank raised "
 TORCHRUN_REPORT = "Root Cause (first observed failure):"
 
 
@@ -87,6 +88,13 @@ def check_root(row: Row, output: str) -> int | None:
         assert SPAWN_REPORT not in output and TORCHRUN_REPORT not in output
         return None
     rank, exc_type, fragment = row.root
+    if rank is None and row.launcher == "spawn" and EVERY_RANK in output:
+        # F8: each rank posted its own stop before any saw another's: the report names no
+        # culprit, truthfully (``report.raised_everywhere``), and every rank raised it
+        assert output.count(EVERY_RANK) == 1 and SPAWN_REPORT not in output, output[-3000:]
+        line = output[output.index(EVERY_RANK) :].splitlines()[0]
+        assert line == f"{EVERY_RANK}{exc_type}: {fragment}", line
+        return None
     block = root_block(row, output)
     named = root_rank(row, block)
     if rank is not None:
