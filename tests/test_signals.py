@@ -8,6 +8,12 @@ and plain ``tether.initialize`` in 2 processes that the job script starts.
 
 Job: ``tests/jobs/lifecycle_signals.py``. Each test asserts the bound, the exceptions of
 both ranks, the root cause (rank 0, the signal) in the output, and that no process is left.
+
+torchrun's own SIGTERM to a victim (0.1 s after a worker exited) must not cost it its
+error file or its exit code, wherever it lands: inside the post of its failure
+(``torchrun_stop_in_post.py``), or in user code while a thread is inside torch
+(``torchrun_stop_in_user_code.py``: Python's teardown would abort the process). There the
+root cause is rank 1's error, and rank 0 must exit 3 with an error file that says it.
 """
 
 from __future__ import annotations
