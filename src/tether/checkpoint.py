@@ -88,6 +88,7 @@ import torch
 from . import _ckpt_files as _files
 from . import _ckpt_tensors as _tensors
 from . import _randomness, _sharded, collectives, syncs
+from ._core.hooks import holding
 from ._core.runtime import current
 from ._core.verdicts import failure_behind_raw
 from .errors import PeerFailure, SyncMismatch, SyncTimeout, TetherError
@@ -246,11 +247,12 @@ class Checkpointer:
     def _stopped(self, exc: TetherError, epoch: int, iteration: int) -> None:
         """A peer's failure left the step: the emergency save, SIGTERM held meanwhile."""
         if self.emergency:
-            held = _Held().hold()  # at once: torchrun's SIGTERM comes 0.1 s after a worker died
-            try:
+            # at once: torchrun's SIGTERM comes 0.1 s after a worker died. One that came is
+            # not sent again: it asked this rank to stop, and the peer's failure that goes on
+            # from here does stop it (a launcher that still wants it gone SIGKILLs it, as
+            # torchrun does after 30 s)
+            with holding([signal.SIGTERM]):
                 self._emergency(exc, epoch, iteration)
-            finally:
-                held.release()
 
     def wait(self) -> None:
         """Wait for a periodic save still being written (the next save waits too)."""
@@ -412,31 +414,3 @@ def _sharded_name(objects: Mapping[str, Any]) -> str | None:
 
 def _next(epoch: int, iteration: int, done: int) -> Position:
     return Position(epoch, iteration + 1, done)
-
-
-class _Held:
-    """SIGTERM deferred while an emergency checkpoint is written, then delivered.
-
-    Blocking the signal in the main thread is not enough (the kernel hands it to another
-    thread, and Python runs the handler in the main thread anyway, inside the writer):
-    the handler itself is swapped for one that only notes the signal.
-    """
-
-    def __init__(self) -> None:
-        self.previous: Any = None
-        self.arrived = False
-
-    def hold(self) -> _Held:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._note)
-        return self
-
-    def _note(self, signum: int, frame: object) -> None:
-        self.arrived = True
-
-    def release(self) -> None:
-        """Put the handler back. A SIGTERM that came meanwhile is not sent again: it asked
-        this rank to stop, and the peer's failure that goes on from here does stop it (a
-        launcher that still wants it gone SIGKILLs it, as torchrun does after 30 s)."""
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)

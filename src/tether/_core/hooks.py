@@ -50,6 +50,27 @@ class Terminated(SystemExit):
         return f"stopped by {signal.Signals(int(str(self.code)) - 128).name}"
 
 
+@contextlib.contextmanager
+def holding(signals: list[signal.Signals]) -> Iterator[list[int]]:
+    """Hold ``signals`` in this block: their handlers only note them; yields those that came.
+
+    Blocking a signal in the main thread is not enough: the kernel hands it to another
+    thread, and Python runs the handler in the main thread anyway, inside the block. So
+    each handler is swapped for one that notes the signal, and put back after. Only the
+    main thread can swap handlers: elsewhere nothing is held.
+    """
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+    previous = {sig: signal.signal(sig, lambda signum, frame: came.append(signum)) for sig in signals}
+    try:
+        yield came
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def exit_code_for(exc: BaseException) -> int:
     """The exit status of a process that ends on ``exc`` (see ``errors.ExitCode``)."""
     if isinstance(exc, TetherError):
@@ -138,25 +159,15 @@ class Hooks:
         if kept is not None:
             self._saved["excepthook"] = kept
 
-    @contextlib.contextmanager
-    def posting(self) -> Iterator[list[int]]:
+    def posting(self) -> contextlib.AbstractContextManager[list[int]]:
         """Hold SIGTERM and SIGINT while a failure is posted; yields the signals that came.
 
-        Only on the main thread and only where this object's handler is installed (in the
-        excepthook, ``_on_signal_while_ending`` already defers a stop). See ``stop_after``.
+        Only where this object's handler is installed (in the excepthook,
+        ``_on_signal_while_ending`` already defers a stop). See ``stop_after``.
         """
-        came: list[int] = []
-        if threading.current_thread() is not threading.main_thread():
-            yield came
-            return
-        held = [sig for sig in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(sig) == self._on_signal]
-        for sig in held:
-            signal.signal(sig, lambda signum, frame: came.append(signum))
-        try:
-            yield came
-        finally:
-            for sig in held:
-                signal.signal(sig, self._on_signal)
+        on_main = threading.current_thread() is threading.main_thread()
+        ours = [s for s in (signal.SIGTERM, signal.SIGINT) if on_main and signal.getsignal(s) == self._on_signal]
+        return holding(ours)
 
     def stop_after(self, signum: int, shown: BaseException) -> None:
         """A stop held while a failure was posted: an owned process ends now, quietly.
