@@ -52,6 +52,28 @@ def test_auto_models_ddp_trains_uneven_data_under_torchs_join() -> None:
     assert res.leftovers == []
 
 
+def test_guarded_gradients_equal_plain_ddps_as_views_that_never_overwrite_a_kept_gradient() -> None:
+    # tether/_grad_views.py: the guarded all-reduce's result becomes the gradients (no copy back)
+    res = python("grad_views.py", "2", bound=BOUND)
+    assert res.returncode == 0, res.output[-3000:]
+    steps = lc_events(res, "step")
+    assert sorted((e["rank"], e["step"]) for e in steps) == [(r, s) for r in (0, 1) for s in range(4)]
+    buffers = {(e["rank"], e["step"]): e["buffer"] for e in steps}
+    for e in steps:
+        # bitwise plain DDP's gradients and weights, with momentum, under either zero_grad
+        assert e["exact"] == {"none": True, "zeros": True, "unused": True}, e
+        # views where DDP copies back into every gradient; find_unused_parameters keeps the copy
+        assert e["views"] == {"none": True, "zeros": True, "unused": False}, e
+        if e["step"] >= 1:  # step 1's gradient, kept after zero_grad(), is never written again
+            assert e["kept_intact"] is True, e
+        if e["step"] >= 2:  # zero_grad(set_to_none=False): each .grad is the same tensor, as under plain DDP
+            assert e["same_tensor"] is True, e
+    for rank in (0, 1):
+        assert buffers[rank, 2] != buffers[rank, 1]  # step 1's buffer was still seen: a new one
+        assert buffers[rank, 3] == buffers[rank, 2]  # nobody kept step 2's: reused, no allocation
+    assert res.leftovers == []
+
+
 @pytest.mark.parametrize("case", ["raise", "user_hook"])
 def test_a_peer_failing_during_backward_raises_peer_failure_out_of_backward(case: str) -> None:
     res = python("training_ddp.py", "spawn", case, "2", bound=BOUND)

@@ -55,6 +55,7 @@ from ._core.context import Context
 from ._core.rawcalls import run_outside
 from ._core.runtime import current
 from ._core.verdicts import OUTSIDE, expire
+from ._grad_views import ResultBuffers
 from .collectives import allreduce_options
 from .groups import world
 
@@ -99,7 +100,10 @@ def register_comm_hook(model: DistributedDataParallel, state: object = None, hoo
         )
     ctx = current()
     group = model.process_group
-    guard = _TetherHook(ctx, hook, group)
+    # DDP leaves a gradient untouched where the parameter went unused by every rank: only a
+    # model without unused parameters may get its gradients as views of the result
+    views = None if model.find_unused_parameters or model.static_graph else ResultBuffers()
+    guard = _TetherHook(ctx, hook, group, views)
     model.register_comm_hook(state if hook is not None else group, guard)
     _wrap_backward()
     _translate_forward(model)
@@ -124,17 +128,19 @@ def _translate_forward(model: DistributedDataParallel) -> None:
 class _TetherHook:
     """The hook DDP calls per bucket: the backend's future, behind one tether can fail."""
 
-    def __init__(self, ctx: Context, inner: Hook | None, group: Any) -> None:
+    def __init__(self, ctx: Context, inner: Hook | None, group: Any, views: ResultBuffers | None) -> None:
         self._ctx = ctx
         self._inner = inner
         self._group = group
+        self._views = views
         self._size = dist.get_world_size(group)  # fixed for the group's life; asked once, not per bucket
         self.__qualname__ = self.__name__ = f"tether_hook({getattr(inner, '__name__', 'allreduce')})"
 
     def __call__(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         if self._inner is not None:
             return _guard(self._ctx, self._inner(state, bucket), first=False)
-        tensor = bucket.buffer().div_(self._size)
+        placed = None if self._views is None else self._views.place(bucket, self._size)
+        tensor = bucket.buffer().div_(self._size) if placed is None else placed  # _grad_views.py
         work = self._group.allreduce([tensor], _SUM).get_future()  # what DDP's C++ hook calls
         return _guard(self._ctx, work, first=True)  # its value is a list: unpacked in settle (one hop less)
 
