@@ -4,7 +4,7 @@ DDP's built-in all-reduce divides each gradient by the world size while copying 
 its bucket (``at::mul_out`` in ``reducer.cpp``'s ``mark_variable_ready_dense``). With a
 communication hook registered, as tether's guard is, that copy is a plain one and the
 hook must divide the bucket in a pass of its own; measured: 6.6 ms of a 180 ms step for a
-100 MB model at 2 ranks (``benchmarks/results/ddp.md``, eb27993), the bulk of the guard's
+100 MB model at 2 ranks (``benchmarks/results/ddp-eb27993.md``), the bulk of the guard's
 cost. After the all-reduce the reducer copies each gradient back out of the hook's result
 (``grad.copy_(view)``), and ATen's ``copy_`` returns at once when source and destination
 are the same memory with the same layout (measured: 10 µs for 20 MB, against 0.47 ms).

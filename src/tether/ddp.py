@@ -14,6 +14,14 @@ does. On NCCL a future completes when the kernel is enqueued, so the guard may n
 a done future for a finished collective (no ``rescue``); NCCL has not run here
 (``docs/nccl.md``).
 
+A hook costs DDP the division it folds into its copy of the gradients into the bucket:
+tether's own all-reduce divides into a buffer whose slices become the gradients, so the
+reducer's copy back out of the bucket is a no-op and the step makes as many passes over
+the gradients as plain DDP (``_grad_views.py``: the rules, and what a user sees). Not with
+``find_unused_parameters`` or ``static_graph`` (DDP leaves a globally unused parameter's
+gradient untouched, and a view would not be), nor with ``gradient_as_bucket_view`` (the
+gradients are the bucket's views already, and DDP checks it), nor around a user's hook.
+
 Tried and reverted (2026-12-02): keeping DDP's built-in all-reduce and giving the
 reducer a ``ProcessGroup`` subclass of tether's whose ``allreduce`` handed out such a
 future (``_update_process_group``). It saved the hook's division pass (~3 % of a 100 MB
@@ -100,9 +108,10 @@ def register_comm_hook(model: DistributedDataParallel, state: object = None, hoo
         )
     ctx = current()
     group = model.process_group
-    # DDP leaves a gradient untouched where the parameter went unused by every rank: only a
-    # model without unused parameters may get its gradients as views of the result
-    views = None if model.find_unused_parameters or model.static_graph else ResultBuffers()
+    # DDP leaves a gradient untouched where the parameter went unused by every rank, and
+    # checks that a gradient_as_bucket_view gradient is its bucket's: neither gets views
+    plain_copies = not (model.find_unused_parameters or model.static_graph or model.gradient_as_bucket_view)
+    views = ResultBuffers() if plain_copies else None
     guard = _TetherHook(ctx, hook, group, views)
     model.register_comm_hook(state if hook is not None else group, guard)
     _wrap_backward()

@@ -3,13 +3,14 @@
     python grad_views.py [NPROC]      (tether.spawn, 2 ranks by default)
 
 Each rank builds, from the same weights, a plain DDP (torch's built-in all-reduce, the
-reference) and three guarded ones (``tether.register_comm_hook``): zeroed with
-``set_to_none=True``, zeroed with ``set_to_none=False``, and one with
-``find_unused_parameters=True`` (no views). Every step feeds all four the same batch
+reference) and four guarded ones (``tether.register_comm_hook``): zeroed with
+``set_to_none=True``, zeroed with ``set_to_none=False``, one with
+``find_unused_parameters=True`` and one with ``gradient_as_bucket_view=True`` (no views
+of tether's: the latter's are DDP's own). Every step feeds all four the same batch
 (each rank its own), and the rank reports, per step:
 
 * ``exact``: every guarded gradient and weight bitwise equal to plain DDP's;
-* ``views``: which guarded models' gradients are views of one buffer;
+* ``views``: which guarded models' gradients are views of a buffer of tether's;
 * ``buffer``: the data pointer of the set_to_none=True model's buffer (reused or not);
 * ``same_tensor``: whether the set_to_none=False model kept each ``.grad`` tensor;
 * ``kept_intact``: a gradient kept (not cloned) after ``zero_grad()`` at step 1 still
@@ -37,6 +38,13 @@ def net() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 24), nn.Tanh(), nn.Linear(24, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
+def in_tethers_buffer(model: DistributedDataParallel) -> bool:
+    """Whether every gradient is a view of one of the buffers of tether's hook on ``model``."""
+    buffers = model._comm_hooks[0][0]._views  # (hook, state): tether's _TetherHook
+    mine = [] if buffers is None else list(buffers._last.values())
+    return all(any(p.grad is not None and p.grad._base is b for b in mine) for p in model.parameters())
+
+
 def train(local_rank: int) -> None:
     rank = tether.get_rank()
     base = net()
@@ -45,6 +53,7 @@ def train(local_rank: int) -> None:
         "none": DistributedDataParallel(copy.deepcopy(base)),
         "zeros": DistributedDataParallel(copy.deepcopy(base)),
         "unused": DistributedDataParallel(copy.deepcopy(base), find_unused_parameters=True),
+        "bucket_view": DistributedDataParallel(copy.deepcopy(base), gradient_as_bucket_view=True),
     }
     for model in guarded.values():
         tether.register_comm_hook(model)
@@ -63,7 +72,7 @@ def train(local_rank: int) -> None:
             name: all(torch.equal(a, b) for a, b in zip(reference, (p.grad for p in m.parameters()), strict=True))
             for name, m in guarded.items()
         }
-        views = {name: all(p.grad._base is not None for p in m.parameters()) for name, m in guarded.items()}
+        views = {name: in_tethers_buffer(m) for name, m in guarded.items()}
         buffer = next(guarded["none"].parameters()).grad._base.data_ptr() if views["none"] else None  # type: ignore[union-attr]
         grads_zeros = [p.grad for p in guarded["zeros"].parameters()]
         same_tensor = previous is not None and all(a is b for a, b in zip(previous, grads_zeros, strict=True))
