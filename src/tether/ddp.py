@@ -14,13 +14,14 @@ does. On NCCL a future completes when the kernel is enqueued, so the guard may n
 a done future for a finished collective (no ``rescue``); NCCL has not run here
 (``docs/nccl.md``).
 
-A hook costs DDP the division it folds into its copy of the gradients into the bucket:
-tether's own all-reduce divides into a buffer whose slices become the gradients, so the
-reducer's copy back out of the bucket is a no-op and the step makes as many passes over
-the gradients as plain DDP (``_grad_views.py``: the rules, and what a user sees). Not with
-``find_unused_parameters`` or ``static_graph`` (DDP leaves a globally unused parameter's
-gradient untouched, and a view would not be), nor with ``gradient_as_bucket_view`` (the
-gradients are the bucket's views already, and DDP checks it), nor around a user's hook.
+A hook costs DDP the division it folds into its copy of the gradients into the bucket.
+On CPU, tether's own all-reduce divides into a buffer whose slices become the gradients,
+so the reducer's copy back out of the bucket is a no-op and the step makes as many passes
+over the gradients as plain DDP (``_grad_views.py``: the rules, what a user sees, and the
+memory it costs). Not with ``find_unused_parameters`` or ``static_graph`` (DDP leaves a
+globally unused parameter's gradient untouched, and a view would not be), nor with
+``gradient_as_bucket_view`` (the gradients are the bucket's views already, and DDP
+checks it), nor around a user's hook.
 
 Tried and reverted (2026-12-02): keeping DDP's built-in all-reduce and giving the
 reducer a ``ProcessGroup`` subclass of tether's whose ``allreduce`` handed out such a

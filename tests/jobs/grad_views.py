@@ -10,11 +10,11 @@ of tether's: the latter's are DDP's own). Every step feeds all four the same bat
 (each rank its own), and the rank reports, per step:
 
 * ``exact``: every guarded gradient and weight bitwise equal to plain DDP's;
-* ``views``: which guarded models' gradients are views of a buffer of tether's;
+* ``views``: per guarded model, which gradients are views of a buffer of tether's;
 * ``buffer``: the data pointer of the set_to_none=True model's buffer (reused or not);
 * ``same_tensor``: whether the set_to_none=False model kept each ``.grad`` tensor;
-* ``kept_intact``: a gradient kept (not cloned) after ``zero_grad()`` at step 1 still
-  holds step 1's values after the later steps.
+* ``kept_intact``: the large gradient, kept (not cloned) after ``zero_grad()`` at step
+  1, still holds step 1's values after the later steps.
 """
 
 from __future__ import annotations
@@ -34,15 +34,18 @@ STEPS = 4
 
 def net() -> nn.Module:
     torch.manual_seed(0)
-    # 0.1-scale weights and three layers: several parameters per bucket, odd sizes
-    return nn.Sequential(nn.Linear(16, 24), nn.Tanh(), nn.Linear(24, 8), nn.Tanh(), nn.Linear(8, 3))
+    # one bucket; the middle weight (256 KiB) becomes a view, the smaller ones are copied back
+    return nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 3))
 
 
-def in_tethers_buffer(model: DistributedDataParallel) -> bool:
-    """Whether every gradient is a view of one of the buffers of tether's hook on ``model``."""
+LARGE = 2  # the middle weight, in parameters() order
+
+
+def in_tethers_buffer(model: DistributedDataParallel) -> list[bool]:
+    """Per parameter, whether its gradient is a view of a buffer of tether's hook on ``model``."""
     buffers = model._comm_hooks[0][0]._views  # (hook, state): tether's _TetherHook
-    mine = [] if buffers is None else list(buffers._last.values())
-    return all(any(p.grad is not None and p.grad._base is b for b in mine) for p in model.parameters())
+    mine = [] if buffers is None else [slot.buffer for slot in buffers._slots.values()]
+    return [any(p.grad is not None and p.grad._base is b for b in mine) for p in model.parameters()]
 
 
 def train(local_rank: int) -> None:
@@ -73,12 +76,14 @@ def train(local_rank: int) -> None:
             for name, m in guarded.items()
         }
         views = {name: in_tethers_buffer(m) for name, m in guarded.items()}
-        buffer = next(guarded["none"].parameters()).grad._base.data_ptr() if views["none"] else None  # type: ignore[union-attr]
+        large = list(guarded["none"].parameters())[LARGE].grad
+        buffer = large._base.data_ptr() if large is not None and large._base is not None else None
+        del large  # a gradient kept past the next backward would (rightly) stop the buffer's reuse
         grads_zeros = [p.grad for p in guarded["zeros"].parameters()]
         same_tensor = previous is not None and all(a is b for a, b in zip(previous, grads_zeros, strict=True))
         previous = grads_zeros
         if step == 1:
-            grad = next(guarded["none"].parameters()).grad
+            grad = list(guarded["none"].parameters())[LARGE].grad
             assert grad is not None
             kept = (grad, grad.clone())
         for name, opt in opts.items():
