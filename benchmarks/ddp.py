@@ -74,6 +74,7 @@ import argparse
 import copy
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -178,6 +179,7 @@ def worker(rounds: int, quick: bool, steps: dict[str, int], pin: bool) -> None:
                 c.step()
     # per model, per contender (KEYS' order): ms per step, one sample per round
     samples: list[list[list[float]]] = [[[] for _ in KEYS] for _ in groups]
+    faults: list[list[list[float]]] = [[[] for _ in KEYS] for _ in groups]  # this rank's minor page faults a step
     everyone = list(range(len(KEYS)))
     for r in range(rounds):
         model_order = [0, 1] if (r // 2) % 2 == 0 else [1, 0]
@@ -188,15 +190,19 @@ def worker(rounds: int, quick: bool, steps: dict[str, int], pin: bool) -> None:
                 who_order.reverse()
             n = models[m]["steps"]
             spent = [0.0] * len(everyone)
+            faulted = [0] * len(everyone)
             dist.barrier()
             # one step of each contender in turn, n times: they share every moment's load
             for _ in range(n):
                 for who in who_order:
+                    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     t0 = time.perf_counter()
                     groups[m][who].step()
                     spent[who] += time.perf_counter() - t0
+                    faulted[who] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             for who in everyone:
                 samples[m][who].append(spent[who] / n * 1e3)
+                faults[m][who].append(faulted[who] / n)
     # the floor of any comm hook: DDP's own all-reduce divides each gradient by the world size
     # while copying it into its bucket; a hook gets the bucket filled and divides it again
     floor = torch.tensor([_hook_pass_ms(torch, info["bytes"]) for info in models], dtype=torch.float64)
@@ -222,6 +228,7 @@ def worker(rounds: int, quick: bool, steps: dict[str, int], pin: bool) -> None:
             for i, (_, key) in enumerate(KEYS):
                 info[key] = mine[m][i].tolist()
             info["weight_drift"] = float(drift[m])
+            info["page_faults"] = {key: faults[m][i] for i, (_, key) in enumerate(KEYS)}  # rank 0's
             info["hook_pass_ms"] = float(floor[m])
         print("RESULT " + json.dumps({"world": world, "rounds": rounds, "models": models}), flush=True)
     tether.finalize()
@@ -334,6 +341,21 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def page_faults(results: list[dict[str, Any]]) -> list[str]:
+    """Rank 0's minor page faults per step, per contender: where the memory a step touches is new."""
+    out = []
+    for res in results:
+        for model in res["models"]:
+            if "page_faults" not in model:
+                continue
+            cells = ", ".join(f"{who} {statistics.median(model['page_faults'][key]):,.0f}" for who, key in KEYS)
+            out.append(
+                f"{res['world']} ranks, {model['model']} model: minor page faults per step on rank 0 "
+                f"(median of the rounds): {cells}"
+            )
+    return out
+
+
 def _paths(out: Path) -> tuple[Path, Path]:
     """``--out`` without (or with) ``.md``/``.json``: the markdown and the json file."""
     base = out.with_suffix("") if out.suffix in {".md", ".json"} else out
@@ -424,6 +446,8 @@ def main() -> None:
             table(results),
             "",
             *verdicts(results),
+            "",
+            *page_faults(results),
             "",
             f"Weights of the {len(KEYS)} instances after the run: max |plain - other| = {drift:.2g} (same data, "
             "same averaged gradients).",
