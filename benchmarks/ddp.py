@@ -14,15 +14,19 @@ SGD, ``zero_grad()``) of ``torch.nn.parallel.DistributedDataParallel`` as torch 
 
 * the same DDP guarded by tether (``tether.register_comm_hook(model)``, what
   ``tether.auto_model`` does): tether's communication hook (``tether/ddp.py``). The
-  targets are about this one. (``results/ddp.md`` at 0510da5 measured here a guard that
-  kept DDP's built-in all-reduce, since reverted: see ``tether/ddp.py``);
+  targets are about this one. On CPU it divides each bucket into a buffer whose slices
+  become the large gradients, so the reducer's copy back is a no-op
+  (``tether/_grad_views.py``; ``results/ddp-eb27993.md`` is from before, when it divided
+  in place). (``results/ddp.md`` at 0510da5 measured here a guard that kept DDP's
+  built-in all-reduce, since reverted: see ``tether/ddp.py``);
 * a second plain DDP, the *control*: what two identical contenders measure apart on
   this machine, the noise floor of every ratio below;
 * DDP with torch's own Python hook doing the same all-reduce
   (``default_hooks.allreduce_hook``), and the same hook behind tether's
   (``tether.register_comm_hook(model, hook=allreduce_hook)``, the path of a user's own
-  hook): any hook divides the bucket in a pass of its own, which DDP's built-in path
-  folds into its copy of the gradients (``reducer.cpp``),
+  hook): such a hook divides the bucket in a pass of its own, which DDP's built-in path
+  folds into its copy of the gradients (``reducer.cpp``), and the reducer copies the
+  result back into the gradients,
 * plain DDP and the guarded one built with ``gradient_as_bucket_view=True`` (a DDP
   argument ``auto_model`` passes on): the gradients are views of the buckets, so no
   copy back out of them after the all-reduce; the guarded one still divides in a pass
@@ -65,7 +69,9 @@ the ratio is within it, *not met* when the IQR crosses it, *MISSED* when the who
 is above it. Before each world size the driver waits until the 1-minute load average is
 below ``--wait-load`` (default 1.5; polled every 20 s, up to ``--wait-max`` s, then it
 measures anyway and says so); the result gives the load at the start and at the end of
-each world size.
+each world size. It also gives rank 0's minor page faults per step for each contender
+(``getrusage`` of the whole process around each step, median of the rounds): how much
+memory a step touches for the first time.
 """
 
 from __future__ import annotations
