@@ -10,9 +10,10 @@ cost. After the all-reduce the reducer copies each gradient back out of the hook
 are the same memory with the same layout (measured: 10 µs for 20 MB, against 0.47 ms).
 
 So, during backward, the hook divides the bucket *out of place*, into a buffer of
-tether's (``ResultBuffers.place``), all-reduces that buffer, and points each parameter's
-``.grad`` at its own slice of it. The division pass takes the place of the copy back:
-a guarded step makes as many passes over the gradients as plain DDP does.
+tether's (``ResultBuffers.place``), all-reduces that buffer, and points each large
+gradient (``MIN_VIEW_BYTES`` or more) at its own slice of it. The division pass takes the
+place of the copy back: a guarded step makes as many passes over the gradients as plain
+DDP does.
 
 What a user sees is plain DDP's behaviour:
 
@@ -25,11 +26,11 @@ What a user sees is plain DDP's behaviour:
   the parameters' gradients refers to its memory (its storage's use count); otherwise the
   step gets a new buffer.
 
-The one difference: ``.grad`` is a view of the buffer, as under DDP's
+One difference: ``.grad`` is a view of the buffer, as under DDP's
 ``gradient_as_bucket_view=True``, so ``p.grad.detach_()`` raises; the optimizers'
 ``zero_grad`` never calls it on a gradient without autograd history.
 
-The price is memory: one more gradient-sized buffer per model, held from step to step
+The other is memory: one more gradient-sized buffer per model, held from step to step
 (the reducer keeps its views of it until its next copy back), where plain DDP with
 ``zero_grad()``'s default ``set_to_none=True`` holds only its buckets between steps. So
 it applies to gradients in CPU memory only, where the saved pass is a few % of a step

@@ -6,7 +6,7 @@ Each rank builds, from the same weights, a plain DDP (torch's built-in all-reduc
 reference) and four guarded ones (``tether.register_comm_hook``): zeroed with
 ``set_to_none=True``, zeroed with ``set_to_none=False``, one with
 ``find_unused_parameters=True`` and one with ``gradient_as_bucket_view=True`` (no views
-of tether's: the latter's are DDP's own). Every step feeds all four the same batch
+of tether's: the latter's are DDP's own). Every step feeds all five the same batch
 (each rank its own), and the rank reports, per step:
 
 * ``exact``: every guarded gradient and weight bitwise equal to plain DDP's;
