@@ -7,12 +7,13 @@
   the logs stay clean, and without a group the getters answer for one process.
 * ``finalize()`` disarms the ladder: a rank that handled a PeerFailure lives on.
 * ``file://`` for ``tether.spawn`` and ``Parallel``, with a failure contained as usual.
+* A watchdog thread slow to stop (a loaded machine) is waited for before Python's teardown.
 * ``python -i``: an uncaught exception does not end the interpreter.
 * ``spawn`` of a function defined on stdin works or says in one line what to do; an
   unpicklable function gets one clear error before any child starts.
 
 Jobs: ``tests/jobs/lifecycle_cycles.py``, ``lifecycle_disarm.py``, ``lifecycle_spawn.py``,
-``lifecycle_interactive.py``, ``lifecycle_stdin.py``.
+``lifecycle_interactive.py``, ``lifecycle_stdin.py``, ``lifecycle_teardown.py``.
 """
 
 from __future__ import annotations
@@ -298,6 +299,22 @@ def test_ranks_that_exit_without_finalize_end_cleanly_every_time() -> None:
     assert res.stdout.count("RETURNED") == 2 * rounds, res.output[-4000:]
     noise = [line for line in res.stdout.splitlines() if line.startswith("STDERR ")]
     assert noise == [], "\n".join(noise[:40])  # no SIGABRT story, no store warning, no traceback
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
+def test_a_watchdog_thread_slow_to_stop_is_waited_for_before_pythons_teardown() -> None:
+    # a thread still in a torch call when the teardown lets go of the GIL aborts the
+    # process (SIGABRT, seen in CI); before the fix rank 0's listener was still running here
+    res = python("lifecycle_teardown.py", bound=100)
+    assert res.returncode == 0, res.output[-4000:]
+    assert sorted(line.split() for line in res.stdout.splitlines() if line.startswith("EXIT ")) == [
+        ["EXIT", "0", "0"],
+        ["EXIT", "1", "0"],
+    ], res.output[-4000:]
+    at_teardown = sorted(line for line in res.stdout.splitlines() if line.startswith("TEARDOWN "))
+    assert at_teardown == ["TEARDOWN 0 []", "TEARDOWN 1 []"], res.output[-4000:]
+    assert "terminate called" not in res.stdout and "Fatal Python error" not in res.stdout, res.output[-4000:]
     assert res.leftovers == []
 
 

@@ -32,6 +32,7 @@ from .context import Context
 from .failures import report_failure
 from .hooks import Hooks, Terminated
 from .stores import CLOSE_WAIT, StoreProbe
+from .watchdog import join_lingering
 
 log = logging.getLogger("tether")
 
@@ -101,6 +102,7 @@ def _waits_for_host(ctx: Context) -> bool:
 
 
 _atexit_registered = False
+LINGER = 10.0  # seconds the exit waits for threads of stopped watchdogs (on a loaded machine: the CPU)
 
 
 def register_atexit() -> None:
@@ -111,24 +113,33 @@ def register_atexit() -> None:
 
 
 def _at_exit() -> None:
-    """A process that never called ``finalize``: stop tether's threads before teardown.
+    """Before Python's teardown: no tether thread may still be inside a torch call.
 
-    One that a SIGTERM is ending (``Terminated`` reached the top) posts the stop, as
-    ``finalize`` would, rather than a clean exit, and an owned one then ends at once (see
-    ``_end_stopped``).
+    A process that never called ``finalize`` retires its context here. One that a SIGTERM
+    is ending (``Terminated`` reached the top) posts the stop, as ``finalize`` would,
+    rather than a clean exit, and an owned one then ends at once (see ``_end_stopped``).
+    Then the threads of contexts retired on the happy path that had not ended yet are
+    waited for, up to ``LINGER`` seconds (see "Stopping" in ``watchdog.py``).
     """
     ctx = context.peek()
-    if ctx is None:
-        return
-    hooks = ctx.hooks
-    if hooks is not None and hooks.owned and hooks.signalled == signal.SIGTERM:
-        stop = Terminated(128 + signal.SIGTERM)
-        behind = report_failure(stop)
-        retire(ctx)
-        _end_stopped(hooks, behind, stop)  # ends the process
-        return
-    ctx.leaving = "exited without finalize()"
-    retire(ctx, leave=True)
+    if ctx is not None:
+        hooks = ctx.hooks
+        if hooks is not None and hooks.owned and hooks.signalled == signal.SIGTERM:
+            stop = Terminated(128 + signal.SIGTERM)
+            behind = report_failure(stop)
+            retire(ctx)
+            _end_stopped(hooks, behind, stop)  # ends the process
+            return
+        ctx.leaving = "exited without finalize()"
+        retire(ctx, leave=True)
+    running = join_lingering(LINGER)
+    if running:
+        log.warning(
+            "tether: %s still in a store call %.0f s after it was stopped; Python's teardown may abort "
+            "this process (SIGABRT)",
+            ", ".join(running),
+            LINGER,
+        )
 
 
 def _end_stopped(hooks: Hooks | None, behind: BaseException | None, stop: Terminated) -> None:

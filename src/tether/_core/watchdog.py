@@ -32,6 +32,19 @@ known:
 No loop dies of an error in one iteration: errors are logged and the loop goes on, except
 the store's connection closing, which means the store's host is gone -- unless this rank
 was told the group is retiring, or its own group is already gone.
+
+**Stopping.** ``stop`` joins the threads for up to 1 s. On a loaded machine a thread can
+still be waiting for the CPU inside a store call then (CI, 2 cores: the listener, woken by
+its ``"stop"``, not yet scheduled). Such a thread of a watchdog that saw no failure is kept
+in ``_lingering``, and ``join_lingering`` (at exit, before Python's teardown) waits for it:
+a daemon thread that comes out of a torch call while the interpreter is being torn down
+is ended with ``pthread_exit`` as it takes the GIL back, which aborts the process through
+pybind11's GIL guard ("terminate called without an active exception", SIGABRT). The
+window opens whenever the main thread lets go of the GIL during teardown, as torch's
+destructors of process groups and stores do (a DDP model keeps its group until then).
+Seen once in CI, on the happy path of a resumed job; a watchdog that saw a failure is
+not waited for (its threads may be stuck on the dead job, and an owned process ends
+without teardown).
 """
 
 from __future__ import annotations
@@ -67,6 +80,10 @@ EXPIRED = "expired"  # written by the keeper when a store wait reaches its timeo
 PERIOD = 0.2  # a polled channel's period, and the listener's pause after an error
 JUDGE_PERIOD = 0.5  # the keeper's period while it judges the host's other ranks
 IDLE_PERIOD = 1.0  # ... and while it only waits for signals and its wait's deadlines
+STOP_JOIN = 1.0  # seconds ``stop`` waits for each thread
+
+# threads of watchdogs stopped without a failure that had not ended within STOP_JOIN
+_lingering: list[threading.Thread] = []
 
 
 @dataclass(frozen=True)
@@ -153,8 +170,8 @@ class Watchdog:
     def stop(self, announce: bool = False) -> None:
         """Stop the threads and disarm the ladder; ``announce`` tells every rank this group retires.
 
-        Bounded: about 1 s at worst (threads are joined with a timeout). A second call
-        does nothing.
+        Bounded: about ``STOP_JOIN`` at worst (threads are joined with a timeout; one
+        still running is left to ``join_lingering``). A second call does nothing.
         """
         if self._stop.is_set():
             return
@@ -167,9 +184,12 @@ class Watchdog:
         self._stop.set()
         with contextlib.suppress(OSError):
             os.write(self.signal_fd, b"\0")  # wakes the keeper's select
-        for t in self._threads:
-            if t.is_alive() and t is not threading.current_thread():
-                t.join(timeout=1.0)
+        threads = [t for t in self._threads if t is not threading.current_thread()]
+        for t in threads:
+            if t.is_alive():
+                t.join(timeout=STOP_JOIN)
+        if self.failure is None:
+            _lingering.extend(t for t in threads if t.is_alive())
         for fd in (self._sig_r, self.signal_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -449,3 +469,18 @@ def render_notice(rank: int, failure: TetherError, whereabouts: str, grace: floa
         f"  the main thread did not return to tether within {grace:g} s; it was {whereabouts}\n"
         f"  ending this process with exit code {int(ExitCode.WATCHDOG)}\n{RULE}\n"
     )
+
+
+def join_lingering(within: float) -> list[str]:
+    """Wait up to ``within`` seconds for the threads stopped watchdogs left running.
+
+    Returns the names of those still running (then empty). Called at exit, before
+    Python's teardown (see "Stopping" above).
+    """
+    deadline = time.monotonic() + within
+    while _lingering:
+        _lingering[0].join(timeout=max(0.0, deadline - time.monotonic()))
+        if _lingering[0].is_alive():
+            break
+        _lingering.pop(0)
+    return [t.name for t in _lingering if t.is_alive()]

@@ -1,0 +1,70 @@
+"""A watchdog thread slow to stop is waited for before Python's teardown: ``lifecycle_teardown.py``.
+
+Two fresh rank processes ``tether.initialize("gloo", init_method="tcp://...")``, reduce and
+``finalize``. Fault injection: once stopped, each rank's listener thread stays 4 s in a
+torch call (a store wait), as one left waiting for the CPU on a loaded machine does, past
+``stop``'s 1 s join and the rest of ``finalize``. Each rank also keeps torch stores alive until Python's teardown, as a
+DDP model keeps its process group: their destructors let go of the GIL there, the window in
+which a daemon thread coming out of a torch call aborts the process ("terminate called
+without an active exception", seen in CI).
+
+Each rank prints ``TEARDOWN <rank> <tether threads still running>`` from an ``atexit``
+function registered before tether's (so it runs after it, right before the teardown); the
+parent prints ``EXIT <rank> <code>`` and ``STDERR <rank>: <line>`` for each rank.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from lifecycle_common import free_port
+
+RANK = """
+import atexit, datetime, sys, threading
+
+def at_teardown():
+    running = sorted(t.name for t in threading.enumerate() if t.name.startswith("tether-"))
+    print("TEARDOWN", sys.argv[2], running, flush=True)
+
+atexit.register(at_teardown)
+
+import torch.distributed as dist
+import tether
+from tether._core import watchdog
+
+rank = int(sys.argv[2])
+side = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+listen = watchdog.Watchdog._listen
+
+def slow_listen(self):
+    listen(self)
+    try:
+        side.wait(["never"], datetime.timedelta(seconds=4))  # the stopped listener, still in a torch call
+    except Exception:
+        pass
+
+watchdog.Watchdog._listen = slow_listen
+tether.initialize("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
+assert tether.all_reduce(rank + 1) == 3
+kept = [dist.TCPStore("127.0.0.1", side.port, 1, False) for _ in range(50)]  # freed in the teardown
+tether.finalize()
+print("RETURNED", rank, flush=True)
+"""
+
+
+def main() -> None:
+    method = f"tcp://127.0.0.1:{free_port()}"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RANK, method, str(r)], stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    for r, proc in enumerate(procs):
+        _, err = proc.communicate(timeout=60)
+        print(f"EXIT {r} {proc.returncode}", flush=True)
+        for line in err.splitlines():
+            print(f"STDERR {r}: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
