@@ -147,6 +147,25 @@ def wait_all(procs: dict[str, subprocess.Popen[bytes]], bound: float) -> dict[st
     return codes
 
 
+def run_pair(program: str, label: str = "") -> None:
+    """Run ``program`` (``python -c``) as ranks 0 and 1 of a fresh ``tcp://`` job, to the end.
+
+    Prints ``EXIT <label><rank> <code>``, then ``STDERR <label><rank>: <line>`` for each
+    line the rank wrote to stderr: a teardown that aborts (SIGABRT, "terminate called
+    ...") or a C++ store warning shows there. Each rank gets 60 s.
+    """
+    method = f"tcp://127.0.0.1:{free_port()}"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", program, method, str(r)], stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    for r, proc in enumerate(procs):
+        _, err = proc.communicate(timeout=60)
+        print(f"EXIT {label}{r} {proc.returncode}", flush=True)
+        for line in err.splitlines():
+            print(f"STDERR {label}{r}: {line}", flush=True)
+
+
 def start_in_step() -> int:
     """``tether.initialize("gloo")``, then sleep until 0.1 s past the next whole second but one.
 

@@ -9,10 +9,9 @@ without ``finalize``. Their exit statuses and stderr are printed as ``EXIT <roun
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
-from lifecycle_common import free_port
+from lifecycle_common import run_pair
 
 RANK = """
 import sys, tether
@@ -25,16 +24,7 @@ print("RETURNED", sys.argv[2], flush=True)
 
 def main() -> None:
     for k in range(int(sys.argv[1])):
-        method = f"tcp://127.0.0.1:{free_port()}"
-        procs = [
-            subprocess.Popen([sys.executable, "-c", RANK, method, str(r)], stderr=subprocess.PIPE, text=True)
-            for r in range(2)
-        ]
-        for r, proc in enumerate(procs):
-            _, err = proc.communicate(timeout=60)
-            print(f"EXIT {k} {r} {proc.returncode}", flush=True)
-            for line in err.splitlines():
-                print(f"STDERR {k} {r}: {line}", flush=True)
+        run_pair(RANK, label=f"{k} ")
 
 
 if __name__ == "__main__":

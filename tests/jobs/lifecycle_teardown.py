@@ -15,10 +15,7 @@ parent prints ``EXIT <rank> <code>`` and ``STDERR <rank>: <line>`` for each rank
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from lifecycle_common import free_port
+from lifecycle_common import run_pair
 
 RANK = """
 import atexit, datetime, sys, threading
@@ -54,16 +51,7 @@ print("RETURNED", rank, flush=True)
 
 
 def main() -> None:
-    method = f"tcp://127.0.0.1:{free_port()}"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", RANK, method, str(r)], stderr=subprocess.PIPE, text=True)
-        for r in range(2)
-    ]
-    for r, proc in enumerate(procs):
-        _, err = proc.communicate(timeout=60)
-        print(f"EXIT {r} {proc.returncode}", flush=True)
-        for line in err.splitlines():
-            print(f"STDERR {r}: {line}", flush=True)
+    run_pair(RANK)
 
 
 if __name__ == "__main__":
