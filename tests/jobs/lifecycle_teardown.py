@@ -3,10 +3,10 @@
 Two fresh rank processes ``tether.initialize("gloo", init_method="tcp://...")``, reduce and
 ``finalize``. Fault injection: once stopped, each rank's listener thread stays 4 s in a
 torch call (a store wait), as one left waiting for the CPU on a loaded machine does, past
-``stop``'s 1 s join and the rest of ``finalize``. Each rank also keeps torch stores alive until Python's teardown, as a
-DDP model keeps its process group: their destructors let go of the GIL there, the window in
-which a daemon thread coming out of a torch call aborts the process ("terminate called
-without an active exception", seen in CI).
+``stop``'s 1 s join and the rest of ``finalize``. Each rank also keeps torch stores alive
+until Python's teardown, as a DDP model keeps its process group: their destructors let go
+of the GIL there, the window in which a daemon thread coming out of a torch call aborts
+the process ("terminate called without an active exception", seen in CI).
 
 Each rank prints ``TEARDOWN <rank> <tether threads still running>`` from an ``atexit``
 function registered before tether's (so it runs after it, right before the teardown); the
