@@ -305,7 +305,8 @@ def test_ranks_that_exit_without_finalize_end_cleanly_every_time() -> None:
 @pytest.mark.timeout(120)
 def test_a_watchdog_thread_slow_to_stop_is_waited_for_before_pythons_teardown() -> None:
     # a thread still in a torch call when the teardown lets go of the GIL aborts the
-    # process (SIGABRT, seen in CI); before the fix rank 0's listener was still running here
+    # process (SIGABRT, seen in CI); before the fix rank 0 aborted and rank 1's listener
+    # was still running at the teardown
     res = python("lifecycle_teardown.py", bound=100)
     assert res.returncode == 0, res.output[-4000:]
     assert sorted(line.split() for line in res.stdout.splitlines() if line.startswith("EXIT ")) == [

@@ -1,12 +1,15 @@
 """A watchdog thread slow to stop is waited for before Python's teardown: ``lifecycle_teardown.py``.
 
 Two fresh rank processes ``tether.initialize("gloo", init_method="tcp://...")``, reduce and
-``finalize``. Fault injection: once stopped, each rank's listener thread stays 4 s in a
-torch call (a store wait), as one left waiting for the CPU on a loaded machine does, past
-``stop``'s 1 s join and the rest of ``finalize``. Each rank also keeps torch stores alive
-until Python's teardown, as a DDP model keeps its process group: their destructors let go
-of the GIL there, the window in which a daemon thread coming out of a torch call aborts
-the process ("terminate called without an active exception", seen in CI).
+``finalize``. Fault injection: once stopped, each rank's listener thread stays in a torch
+call (a store wait), as one left waiting for the CPU on a loaded machine does, past
+``stop``'s 1 s join: rank 0's for 1.2 s, so that it comes out during the teardown, rank
+1's for 4 s, past the rest of ``finalize`` and the exit even on a loaded machine. Each rank
+also keeps 20,000 torch stores alive until Python's teardown, as a DDP model keeps its
+process group: their destructors let go of the GIL there, the window in which a daemon
+thread coming out of a torch call aborts the process ("terminate called without an active
+exception", seen in CI). Before the fix rank 0 aborted that way (4 of 4 runs, an idle
+machine) and rank 1's listener was still running at the teardown.
 
 Each rank prints ``TEARDOWN <rank> <tether threads still running>`` from an ``atexit``
 function registered before tether's (so it runs after it, right before the teardown); the
@@ -31,20 +34,21 @@ import tether
 from tether._core import watchdog
 
 rank = int(sys.argv[2])
+HOLD = 1.2 if rank == 0 else 4.0
 side = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
 listen = watchdog.Watchdog._listen
 
 def slow_listen(self):
     listen(self)
     try:
-        side.wait(["never"], datetime.timedelta(seconds=4))  # the stopped listener, still in a torch call
+        side.wait(["never"], datetime.timedelta(seconds=HOLD))  # the stopped listener, still in a torch call
     except Exception:
         pass
 
 watchdog.Watchdog._listen = slow_listen
 tether.initialize("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
 assert tether.all_reduce(rank + 1) == 3
-kept = [dist.TCPStore("127.0.0.1", side.port, 1, False) for _ in range(50)]  # freed in the teardown
+kept = [dist.HashStore() for _ in range(20000)]  # freed in the teardown
 tether.finalize()
 print("RETURNED", rank, flush=True)
 """
