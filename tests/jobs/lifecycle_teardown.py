@@ -8,7 +8,7 @@ call (a store wait), as one left waiting for the CPU on a loaded machine does, p
 also keeps 20,000 torch stores alive until Python's teardown, as a DDP model keeps its
 process group: their destructors let go of the GIL there, the window in which a daemon
 thread coming out of a torch call aborts the process ("terminate called without an active
-exception", seen in CI). Before the fix rank 0 aborted that way (4 of 4 runs, an idle
+exception", seen in CI). Before the fix rank 0 aborted that way (9 of 9 runs, an idle
 machine) and rank 1's listener was still running at the teardown.
 
 Each rank prints ``TEARDOWN <rank> <tether threads still running>`` from an ``atexit``
