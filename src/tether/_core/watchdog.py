@@ -188,6 +188,7 @@ class Watchdog:
         for t in threads:
             if t.is_alive():
                 t.join(timeout=STOP_JOIN)
+        _lingering[:] = [t for t in _lingering if t.is_alive()]  # (a long-lived process: rounds of initialize)
         if self.failure is None:
             _lingering.extend(t for t in threads if t.is_alive())
         for fd in (self._sig_r, self.signal_fd):
