@@ -15,6 +15,7 @@ launchers.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -236,4 +237,21 @@ def test_local_working_rank_block_ends_before_its_node_starts_it(tmp_path: Path)
     events = read_log(log)
     assert_goes_first(events, 1, [0, 1])
     assert_goes_first(events, 3, [2, 3])
+    assert_no_leftovers(res)
+
+
+# --- happy path: a job's store does not grow with its syncs ------------------------------
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_the_keys_of_spent_gates_are_deleted_so_the_store_does_not_grow_with_every_sync() -> None:
+    res = run_job("spawn", 4, scenario="spent-keys")
+    assert_ended(res)
+    assert res.returncode == 0, tail(res)
+    assert all(d["exc"] is None for d in results(res).values()) and len(results(res)) == 4, tail(res)
+    [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("KEYS ")]
+    keys = json.loads(line.split(" ", 1)[1])
+    # 300 gates leave 2 keys each; what may stay is the last gate's two (and the ones
+    # before it, in the middle of being deleted)
+    assert keys["after"] <= keys["before"] + 4, keys
     assert_no_leftovers(res)

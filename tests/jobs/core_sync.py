@@ -10,6 +10,10 @@ Scenarios:
     only-raises     ``one_rank_only(rank=W, with_barrier=True)``'s function raises
     order           ``one_rank_first(rank=W, local=LOCAL)`` happy path, logging to ``file``
     local-raises    ``one_rank_first(rank=W, local=True)`` raises on node ``node``'s working rank
+    spent-keys      300 gates (barriers and ``one_rank_first`` blocks, the working rank
+                    rotating); rank 0 prints ``KEYS {"before": ..., "after": ...}``: the
+                    store's key count before them and once their keys are deleted (it
+                    polls up to 10 s: the deletions run on the watchdog's janitor thread)
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from core_common import launch, parse_params, result
+from core_common import emit, launch, parse_params, result
 
 import tether as idist
 
@@ -129,6 +133,22 @@ def body(local_rank: int, params: dict[str, Any]) -> None:
                 raise ValueError(message(rank))
         state["phase"] = "barrier"
         idist.barrier()
+        state["phase"] = "after"
+    elif scenario == "spent-keys":
+        store = _store()
+        state["phase"] = "barrier"
+        idist.barrier()
+        before = store.num_keys()
+        for i in range(150):
+            idist.barrier()
+            with idist.one_rank_first(rank=i % idist.get_world_size()):
+                pass
+        idist.barrier()
+        deadline = time.monotonic() + 10
+        while (after := store.num_keys()) > before + 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if rank == 0:
+            emit("KEYS", {"before": before, "after": after})
         state["phase"] = "after"
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")

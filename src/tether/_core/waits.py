@@ -184,11 +184,11 @@ def _forget(ctx: Context, group: Group, seq: int) -> None:
 
     Called by the rank that saw every member arrive at the next gate of the same group
     (collectives in between take sequence numbers too): each member has then finished
-    gate ``seq``. The two deletions follow the release of the others.
+    gate ``seq``. The two deletions follow the release of the others, on the watchdog's
+    janitor thread (``janitor.py``): two round trips this rank no longer waits for.
     """
-    assert ctx.store is not None and ctx.channel is not None
-    for suffix in ("n", "go"):
-        ctx.store.delete_key(ctx.channel.key("sync", group.key, seq, suffix))
+    assert ctx.channel is not None and ctx.watchdog is not None
+    ctx.watchdog.janitor.discard(*(ctx.channel.key("sync", group.key, seq, suffix) for suffix in ("n", "go")))
 
 
 def _status_error(ctx: Context, status: str) -> TetherError:

@@ -1,7 +1,6 @@
 """The per-process watchdog: it learns of failures at once and wakes the main thread.
 
-Two daemon threads, each with its own store connection, plus a third once a failure is
-known:
+Three daemon threads, two store connections, plus a fourth thread once a failure is known:
 
 * **listener** blocks in ``queue_pop`` on this rank's inbox (no timeout: a timed-out c10d
   wait logs a warning). On ``"fail"`` it reads the root cause, turns it into the exception
@@ -20,6 +19,9 @@ known:
   ranks of this host from /proc, other nodes from their heartbeats. Idle cost: a few
   /proc reads per period; store operations only with more than one node (2 per node per
   ``heartbeat``).
+* **janitor** (``janitor.py``, started by the keeper on the keeper's connection) deletes
+  the keys of spent store gates, handed to it by the main thread, so that a sync does not
+  wait for those round trips. Idle cost: a thread blocked on a Python queue.
 * **ladder** (only after a failure) escalates when the main thread does not take the
   failure: after ``grace / 2`` it aborts the process group on a thread of its own (NCCL's
   abort can hang: it never holds the exit), after ``grace`` it prints the root cause and
@@ -68,6 +70,7 @@ from torch._C._distributed_c10d import Store
 from ..errors import ExitCode, PeerLost, SyncTimeout, TetherError
 from .channel import ROOT_WAIT, Channel
 from .futures import FINISHED_KEY, Failables
+from .janitor import Janitor
 from .liveness import NodeWatch, PeerJudge
 from .nccl import abort_in_background
 from .record import FailureRecord, error_from_record, lost_record
@@ -158,14 +161,17 @@ class Watchdog:
         os.set_blocking(self.signal_fd, False)
         # a signal wakes the keeper at once; a deadline is seen within one period of its wait's start
         self._period = JUDGE_PERIOD if judge is not None or nodes is not None else IDLE_PERIOD
+        self.janitor = Janitor()  # deletes spent keys (store gates') off the main thread; the keeper starts it
         self._threads = [
             threading.Thread(target=self._listen, name="tether-listener", daemon=True),
             threading.Thread(target=self._keep, name="tether-keeper", daemon=True),
+            self.janitor.thread,
         ]
 
     def start(self) -> None:
         for t in self._threads:
-            t.start()
+            if t is not self.janitor.thread:
+                t.start()
 
     def stop(self, announce: bool = False) -> None:
         """Stop the threads and disarm the ladder; ``announce`` tells every rank this group retires.
@@ -181,6 +187,7 @@ class Watchdog:
             others = [r for r in range(self.channel.world_size) if r != self.channel.rank] if announce else []
             self.channel.notify(others, "retire")
             self.channel.notify([self.channel.rank], "stop")
+        self.janitor.stop()
         self._stop.set()
         with contextlib.suppress(OSError):
             os.write(self.signal_fd, b"\0")  # wakes the keeper's select
@@ -357,6 +364,7 @@ class Watchdog:
 
     def _keep(self) -> None:
         client = self.channel.client()
+        self.janitor.start(client)
         next_beat = self._clock()
         while not self._stop.is_set() and not self._retiring.is_set():  # retiring: the store is going
             try:
