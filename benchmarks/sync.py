@@ -9,9 +9,15 @@ One torchrun job per world size. Each rank calls ``tether.initialize("gloo")``; 
 ``torch.distributed`` calls then run on the very same default process group, and
 ignite's ``idist`` adopts it too (``ignite.distributed.sync()``), so every contender runs
 in the same processes over the same sockets. Contenders are interleaved: each *round*
-runs one timed batch of every contender (order rotated from round to round), every
-batch starts aligned on an untimed ``dist.barrier()``, and its cost per call is the
-slowest rank's batch time divided by the batch's call count. ``--pin`` pins each rank's
+runs one timed batch of every contender, row by row (the order of the rows rotated from
+round to round), and a row's batches are cut into ``--chunks`` chunks (default 10) that
+alternate, contender by contender, the first contender rotating from chunk to chunk;
+every chunk starts aligned on an untimed ``dist.barrier()``, and a batch's cost per call
+is the slowest rank's summed chunk time divided by the batch's call count. The
+contenders a ratio compares thus run within the same second, a few tens of ms apart;
+with whole batches in one rotated order over every row (``--chunks 1``, before
+``results/sync.md`` of this design) the two sides of a ratio could run seconds apart,
+and the machine's load drifted in between. ``--pin`` pins each rank's
 threads to one core (``_proc.pin_rank``), as ``ddp.py`` does by default; here it made the
 noise worse (``results/sync-pinned.md``: 4 ranks on 2 cores, two ranks to a core, per-call
 IQRs of 50-160 %), so ranks are left to the scheduler by default. A batch lasts about
@@ -270,7 +276,7 @@ def _calibrate(contenders: list[tuple[str, str, Callable[[], object], int]], bat
     return [int(c) for c in agreed.tolist()]
 
 
-def worker(rounds: int, quick: bool, batch_s: float, pin: bool) -> None:
+def worker(rounds: int, quick: bool, batch_s: float, chunks: int, pin: bool) -> None:
     import torch
     import torch.distributed as dist
 
@@ -287,20 +293,29 @@ def worker(rounds: int, quick: bool, batch_s: float, pin: bool) -> None:
         for _ in range(3):
             call()
     counts = _calibrate(contenders, batch_s)
+    rows = list(dict.fromkeys(row for row, _, _, _ in contenders))
+    members = {row: [i for i, c in enumerate(contenders) if c[0] == row] for row in rows}
     samples: list[list[float]] = [[] for _ in contenders]
     for r in range(rounds):
-        order = list(range(len(contenders)))
-        shift = r % len(order)
-        order = order[shift:] + order[:shift]
+        shift = r % len(rows)
+        order = rows[shift:] + rows[:shift]
         if r % 2:
             order.reverse()
-        for i in order:
-            call, n = contenders[i][2], counts[i]
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                call()
-            samples[i].append((time.perf_counter() - t0) / n * 1e6)
+        for row in order:
+            # the contenders of a row, chunk by chunk, each chunk's first contender rotating
+            mine = members[row]
+            parts = max(1, min(chunks, *(counts[i] for i in mine)))
+            spent = dict.fromkeys(mine, 0.0)
+            for c in range(parts):
+                for i in mine[c % len(mine) :] + mine[: c % len(mine)]:
+                    call, n = contenders[i][2], counts[i] // parts
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        call()
+                    spent[i] += time.perf_counter() - t0
+            for i in mine:
+                samples[i].append(spent[i] / (counts[i] // parts * parts) * 1e6)
     # slowest rank per batch: gather outside any timing
     mine = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
@@ -328,7 +343,9 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return med, (max(xs) - min(xs)) / med * 100
 
 
-def run_world(n: int, rounds: int, quick: bool, batch_s: float, bound: float, pin: bool) -> dict[str, object]:
+def run_world(
+    n: int, rounds: int, quick: bool, batch_s: float, chunks: int, bound: float, pin: bool
+) -> dict[str, object]:
     import _proc
 
     args = _proc.torchrun(
@@ -339,6 +356,8 @@ def run_world(n: int, rounds: int, quick: bool, batch_s: float, bound: float, pi
         str(rounds),
         "--batch-seconds",
         str(batch_s),
+        "--chunks",
+        str(chunks),
         *(["--quick"] if quick else []),
         *(["--pin"] if pin else []),
         launcher=("--monitor_interval", "0.1"),
@@ -433,6 +452,13 @@ def main() -> None:
     parser.add_argument(
         "--batch-seconds", type=float, default=None, help="length of a timed batch (default 0.25 s, 0.05 with --quick)"
     )
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=10,
+        help="chunks a batch is cut into, the contenders of a row alternating chunk by chunk (default 10; "
+        "1: one whole batch each)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the raw samples here")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "sync.md", help="markdown copy of the table")
     _proc.add_driver_options(parser)
@@ -442,7 +468,7 @@ def main() -> None:
     if args.batch_seconds is None:
         args.batch_seconds = 0.05 if args.quick else 0.25
     if args.worker:
-        worker(rounds, args.quick, args.batch_seconds, args.pin)
+        worker(rounds, args.quick, args.batch_seconds, args.chunks, args.pin)
         return
 
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
@@ -458,7 +484,7 @@ def main() -> None:
         print(f"[{n} ranks: {quiet[n].describe()}]", flush=True)
         t0 = time.monotonic()
         bound = 120 + 40 * n * rounds / 5
-        results.append(run_world(n, rounds, args.quick, args.batch_seconds, bound, args.pin))
+        results.append(run_world(n, rounds, args.quick, args.batch_seconds, args.chunks, bound, args.pin))
         results[-1]["load"] = vars(quiet[n])
         print(f"[{n} ranks: {time.monotonic() - t0:.0f} s]", flush=True)
     if args.json:  # the raw samples first: a table that cannot be drawn loses no run
@@ -484,9 +510,10 @@ def main() -> None:
             "Load (1-minute average) before each world size, after waiting for it to drop below "
             f"{args.wait_load:g}: " + "; ".join(f"{n} ranks: {q.describe()}" for n, q in quiet.items()) + ".",
             "",
-            f"µs per call, median of {rounds} interleaved rounds of batches of about {args.batch_seconds:g} s "
+            f"µs per call, median of {rounds} rounds of batches of about {args.batch_seconds:g} s, each cut into "
+            f"{args.chunks} chunks that alternate with the chunks of the row's other contenders "
             "(slowest rank per batch; the calls per batch are in the json); IQR = interquartile range in % of "
-            "the median; ratio = median of the per-round ratios (the batches of a round ran side by side), "
+            "the median; ratio = median of the per-round ratios (the batches of a row ran interleaved), "
             "with their quartiles, vs raw dist (one_rank_first: vs ignite; barrier: vs dist.barrier; "
             "with the check: vs tether without it). A target is met when the upper quartile is within it.",
             "",

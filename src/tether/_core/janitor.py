@@ -7,11 +7,13 @@ gate made two of them before it returned. The janitor makes them on a thread of 
 in the order they were handed over; the main thread only puts the keys on a queue.
 
 It shares the keeper's store connection (``watchdog.py``) instead of opening one: every
-connection a rank holds counts against the store's host, and torch's client stalls 5 s
-on about every 25th connection to one server (measured here on torch 2.13, both server
-backends; raw TCP connections do not), so a fourth connection per rank would have put
-that stall into the start of a 6-rank job. A c10d client runs one operation at a time
-(a mutex), so the keeper waits at most for one deletion.
+connection a rank holds counts against the store's host, and each costs a start-up
+round of its own. On torch 2.13 that includes reverse DNS lookups of the peer's address
+(``::ffff:127.0.0.1`` on loopback, which ``/etc/hosts`` does not answer), on the client
+and on the server; on this VM the resolver drops some queries, and about one connection
+in 25 waited out its 5 s timeout (seen with ``strace``; a 4-rank ``tether.spawn`` job whose body
+opened one more connection per rank took 5 s longer). A c10d client runs one operation
+at a time (a mutex), so the keeper waits at most for one deletion.
 
 Idle cost: a thread blocked on a Python queue. A deletion that fails (the store's host
 gone or retiring) ends the thread and drops the rest: the keys belong to an incarnation
