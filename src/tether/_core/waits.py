@@ -20,7 +20,8 @@ costs two round trips per rank and beats ``dist.barrier`` on gloo. A gate on key
   logs a warning) and returns, or raises.
 
 Costs per call and rank: 2 store round trips (the completer: add + compare_set, then it
-deletes the two keys of the group's previous gate, after the others are released).
+hands the two keys of the group's previous gate to the watchdog's janitor thread, which
+deletes them while this rank goes on: ``janitor.py``).
 
 **Collectives** are issued with ``async_op=True`` and waited on with a ``threading.Event``
 that both the work's completion callback and the watchdog can set, so a failure posted
