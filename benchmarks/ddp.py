@@ -64,17 +64,17 @@ instead (one contender's 10 steps, then the next's) let the machine's load drift
 the batches of a round: the control's ratio IQR was about +-4%. Longer rounds narrow the
 small model's ratios: with ``--steps 200 3`` the control's IQR was 0.969-0.995x /
 0.980-1.038x at 2 / 4 ranks (``results/ddp-small200.md``), against 0.852-0.999x /
-0.940-1.040x with 50 steps (``results/ddp.md``), at four times the small model's time. The table gives each contender's median
-over rounds with its interquartile range (IQR, % of the median), and the ratio to plain
-DDP as the median of the per-round ratios (the batches of a round ran side by side,
-under the same load) with their quartiles. A target is *met* when the upper quartile of
-the ratio is within it, *not met* when the IQR crosses it, *MISSED* when the whole IQR
-is above it. Before each world size the driver waits until the 1-minute load average is
-below ``--wait-load`` (default 1.5; polled every 20 s, up to ``--wait-max`` s, then it
-measures anyway and says so); the result gives the load at the start and at the end of
-each world size. It also gives rank 0's minor page faults per step for each contender
-(``getrusage`` of the whole process around each step, median of the rounds): how much
-memory a step touches for the first time.
+0.940-1.040x with 50 steps (``results/ddp.md``), at four times the small model's time.
+The table gives each contender's median over rounds with its interquartile range (IQR, %
+of the median), and the ratio to plain DDP as the median of the per-round ratios (the
+batches of a round ran side by side, under the same load) with their quartiles. A target
+is *met* when the upper quartile of the ratio is within it, *not met* when the IQR
+crosses it, *MISSED* when the whole IQR is above it. Before each world size the driver
+waits until the 1-minute load average is below ``--wait-load`` (default 1.5; polled
+every 20 s, up to ``--wait-max`` s, then it measures anyway and says so); the result
+gives the load at the start and at the end of each world size. It also gives rank 0's
+minor page faults per step for each contender (``getrusage`` of the whole process around
+each step, median of the rounds): how much memory a step touches for the first time.
 """
 
 from __future__ import annotations
