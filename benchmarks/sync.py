@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/sync.py                  # 2 and 4 ranks, ~2-3 minutes
+    python benchmarks/sync.py                  # 2 and 4 ranks, ~9 minutes (190 s + 360 s here)
     python benchmarks/sync.py --ranks 2 --quick
 
 One torchrun job per world size. Each rank calls ``tether.initialize("gloo")``; raw
