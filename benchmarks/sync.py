@@ -14,10 +14,10 @@ round to round), and a row's batches are cut into ``--chunks`` chunks (default 1
 alternate, contender by contender, the first contender rotating from chunk to chunk;
 every chunk starts aligned on an untimed ``dist.barrier()``, and a batch's cost per call
 is the slowest rank's summed chunk time divided by the batch's call count. The
-contenders a ratio compares thus run within the same second, a few tens of ms apart;
-with whole batches in one rotated order over every row (``--chunks 1``, before
-``results/sync.md`` of this design) the two sides of a ratio could run seconds apart,
-and the machine's load drifted in between. ``--pin`` pins each rank's
+contenders a ratio compares thus run within the same second, a few tens of ms apart.
+Up to ``results/sync-863fcc2.md`` a round ran whole batches in one rotated order over
+every row, so the two sides of a ratio could run seconds apart, and the machine's load
+drifted in between (``--chunks 1`` keeps a row's batches whole, but adjacent). ``--pin`` pins each rank's
 threads to one core (``_proc.pin_rank``), as ``ddp.py`` does by default; here it made the
 noise worse (``results/sync-pinned.md``: 4 ranks on 2 cores, two ranks to a core, per-call
 IQRs of 50-160 %), so ranks are left to the scheduler by default. A batch lasts about
