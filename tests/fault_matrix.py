@@ -19,7 +19,8 @@ Launchers: ``spawn`` (``tether.spawn``, which hosts the store in the launcher),
 under torchrun; the static rendezvous sets ``TORCHELASTIC_USE_AGENT_STORE=True``, so the
 agent hosts the store) and ``initialize-rank0`` (torchrun with the c10d rendezvous and
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: ``TORCHELASTIC_USE_AGENT_STORE=False`` and rank 0
-hosts the store, the only set-up where F7 can strike a rank).
+hosts the store, the only set-up where F7 can strike a rank, and where F4 freezes the
+store with the rank).
 
 Rows with ``full=True`` run only with ``pytest --full``. The default set covers every
 failure kind (F1-F8) and every launcher, mostly at 4 ranks. Adding a case is one line.
@@ -243,6 +244,10 @@ ROWS: list[Row] = [
     host_lost("spawn", 4, 2, bound=B),
     host_lost("initialize-rank0", 4, 0, bound=B, detect=PUSH),
     host_lost("initialize-rank0", 2, 0, bound=B, detect=PUSH, full=True),
+    # F4 on the store's host: every store operation waits on it (liveness.StoreHostWatch)
+    freeze("outside", "initialize-rank0", 4, 0, bound=B, detect=HEARTBEAT),
+    freeze("first", "initialize-rank0", 4, 0, bound=B, detect=HEARTBEAT),
+    freeze("outside", "initialize-rank0", 2, 0, bound=B, detect=HEARTBEAT, full=True),
     # F8: external stop
     stop("sigterm", "waiting", "spawn", 4, 2, bound=B, detect=PUSH),
     stop("sigint", "outside", "parallel", 4, 1, bound=B, detect=PUSH, full=True),

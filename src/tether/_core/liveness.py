@@ -18,7 +18,9 @@ is never lost: nothing here reads a heartbeat from a rank's own Python threads.
     SIGTERM and SIGKILL, and a stopped process does not act on SIGTERM).
 
   The judges are ``tether.spawn``'s launcher for its children, and under every other
-  launcher each rank's keeper thread for the other ranks of its host. A judge that is
+  launcher each rank's keeper thread for the other ranks of its host. A rank whose
+  process hosts the job's store (rank 0 under plain ``env://``) is judged stopped by
+  ``StoreHostWatch`` instead, on a thread of its own, without the store. A judge that is
   itself blocked (its main thread holds the GIL) only judges later; it never judges
   wrongly, because what it reads is the OS's state, not a beat.
 * **Nodes, from heartbeats.** With more than one node, each node beats ``P/node/<n>``
@@ -41,6 +43,7 @@ import contextlib
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -87,6 +90,7 @@ class PeerJudge:
     pids: dict[int, int] = field(default_factory=dict)
     kill: bool = True
     deaths: bool = True
+    store_host: int = -1  # a rank whose process hosts the store: StoreHostWatch judges it stopped
     lost: set[int] = field(default_factory=set)  # ranks this judge found lost (posted by it or another)
     _stopped_since: dict[int, float] = field(default_factory=dict)
     _judged: set[int] = field(default_factory=set)
@@ -112,6 +116,8 @@ class PeerJudge:
                 if self.channel.claim_loss(rank, client):
                     message = "its process ended without a word (killed by a signal, crashed, or os._exit)"
                     found.append(lost_record(rank, message, self.channel.rank, pid=pid, host=_HOST))
+            elif stopped(state) and rank == self.store_host:
+                continue  # asking the store would wait on it: StoreHostWatch's verdict
             elif stopped(state):
                 since = self._stopped_since.setdefault(rank, t)
                 if t - since >= self.lost_after:
@@ -190,6 +196,93 @@ class HostJudge(PeerJudge):
         t = self.clock()
         if len(self.pids) < self.expected and (now or t >= self._next_look):
             self._next_look, self._interval = t + self._interval, min(self._interval * 2, 5.0)
-            mine = self.channel.rank
-            self.pids.update({r: p for r, p in self.channel.host_pids(self.host, client).items() if r != mine})
+            self.learn(client)
         return super().check(client, now)
+
+    def learn(self, client: Store | None = None) -> None:
+        """Read the registrations of this host's ranks (one or two store operations).
+
+        ``runtime.start`` calls it once the group is made, when every rank has registered:
+        a store host that freezes right after cannot be judged without its pid
+        (``StoreHostWatch``), and a later look would wait on the frozen store.
+        """
+        mine = self.channel.rank
+        self.pids.update({r: p for r, p in self.channel.host_pids(self.host, client).items() if r != mine})
+
+
+class StoreHostWatch:
+    """Finds the process hosting the job's store frozen, with no store operation.
+
+    When that process is stopped, every store operation waits until it resumes, whatever
+    the client's timeout (measured, torch 2.13: a TCPStore ``add`` to a SIGSTOPped server
+    had not returned after 120 s, with a 2 s timeout). The keeper, whose judging claims a
+    loss on the store, would wait with it, and with it every rank. So a rank on the store
+    host's host watches that process from /proc alone, on a thread of its own
+    (``Watchdog``): stopped for ``lost_after``, it is lost. Each such rank finds it
+    itself, needing nobody's claim, and kills it; its closing connections then wake every
+    operation still blocked on the store, on every rank of every host, as when the store's
+    host dies (F7). A rank whose store connection closed that way before its own look
+    (another rank killed the process first) gets the same story from ``seen_frozen``.
+
+    Args:
+        judge: the keeper's judge, whose ``pids`` (learned from the store while it still
+            answered) give the store host's process.
+        rank: the store host's rank.
+        lost_after: seconds the process may stay stopped.
+        clock: monotonic seconds.
+        kill: SIGKILL the frozen process (it cannot resume the job: its peers are leaving).
+    """
+
+    def __init__(
+        self, judge: PeerJudge, rank: int, lost_after: float, clock: Callable[[], float], kill: bool = True
+    ) -> None:
+        self._judge = judge
+        self.rank = rank
+        self._lost_after = lost_after
+        self._clock = clock
+        self._kill = kill
+        self._lock = threading.Lock()  # the watch's thread looks; a thread whose connection closed asks
+        self._since: tuple[float, str] | None = None  # when it was first seen stopped, in which state
+        self._record: FailureRecord | None = None
+
+    def check(self) -> FailureRecord | None:
+        """One look; the loss, once, when the process has been stopped for ``lost_after``."""
+        with self._lock:
+            pid = self._judge.pids.get(self.rank)
+            if pid is None or self._record is not None:
+                return None
+            state, now = process_state(pid), self._clock()
+            if not stopped(state):
+                self._since = None if state is not None else self._since
+                return None
+            if self._since is None:
+                self._since = (now, str(state))
+            if now - self._since[0] < self._lost_after:
+                return None
+            return self._frozen(pid, now)
+
+    def seen_frozen(self) -> FailureRecord | None:
+        """The loss, if this watch saw the process stopped and it is now gone or still stopped;
+        asked by a rank whose store connection just closed (no store operation)."""
+        with self._lock:
+            pid = self._judge.pids.get(self.rank)
+            if self._record is not None or pid is None or self._since is None:
+                return self._record
+            state = process_state(pid)
+            return self._frozen(pid, self._clock()) if state is None or stopped(state) else None
+
+    def _frozen(self, pid: int, now: float) -> FailureRecord:
+        assert self._since is not None
+        since, state = self._since
+        message = (
+            f"frozen: its process has been stopped (state {state}) for {now - since:.1f} s; "
+            "it hosts the job's store, on which every rank then waited"
+        )
+        record = lost_record(self.rank, message, self._judge.channel.rank, pid=pid, host=_HOST)
+        self._judge.lost.add(self.rank)
+        if self._kill and process_state(pid) is not None:
+            errorfile.write_for(pid, record.headline, int(record.time))  # torchrun's "Root Cause" says it
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self._record = record
+        return record

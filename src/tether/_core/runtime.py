@@ -38,7 +38,7 @@ from .context import Context
 from .ending import register_atexit, retire, wrap_destroy
 from .failures import blamed, report_failure
 from .hooks import Hooks
-from .liveness import HostJudge, NodeWatch
+from .liveness import HostJudge, NodeWatch, StoreHostWatch
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
 from .record import FailureRecord
@@ -107,6 +107,8 @@ def start(
         ctx.watchdog.stop()  # without announcing a retirement: the peers' store may be going
         raise
     ctx.pg = dist.group.WORLD
+    if ctx.watchdog is not None and isinstance(ctx.watchdog.judge, HostJudge) and ctx.watchdog.store_watch is not None:
+        ctx.watchdog.judge.learn()  # every rank registered before the group could be made: the store host's pid
     # Only now: ``init_process_group`` wraps ``sys.excepthook`` in one that buffers stderr
     # until the previous hook returns, and tether's ends the process: it must be outermost.
     assert ctx.hooks is not None
@@ -140,7 +142,17 @@ def _watch(
     config = options.watchdog
     if interactive():
         config = WatchdogConfig(config.heartbeat, config.lost_after, None, config.store_host)
-    judge = HostJudge(channel, config.lost_after, time.monotonic, host=host, expected=topo.nproc_per_node - 1)
+    judge = HostJudge(
+        channel,
+        config.lost_after,
+        time.monotonic,
+        store_host=config.store_host,
+        host=host,
+        expected=topo.nproc_per_node - 1,
+    )
+    # a rank hosting the store is judged stopped without the store (liveness.StoreHostWatch)
+    beside_host = launch.judge_peers and config.store_host >= 0 and topo.rank != config.store_host
+    store_watch = StoreHostWatch(judge, config.store_host, config.lost_after, time.monotonic) if beside_host else None
     nodes = NodeWatch(
         channel,
         topo.node_rank,
@@ -165,6 +177,7 @@ def _watch(
         channel,
         config,
         judge=judge if launch.judge_peers else None,
+        store_watch=store_watch,
         nodes=nodes if topo.nnodes > 1 and topo.local_rank == 0 and launch.node_beats else None,
         abort=backend.abort,
         group_gone=group_gone,
@@ -321,8 +334,9 @@ def adopt_process_group() -> Context:
     prefix = Channel.make_prefix(job_id, generation(store, job_id, rank))
     topo = adopted_topology(store, prefix, rank, world, env)
     backend = NativeBackend(topo, str(dist.get_backend()), owns_group=False)
-    hosts = rank == 0 and (launch_env is None or not launch_env.use_agent_store)
-    options = Options.from_kwargs({}, 0 if hosts or launch_env is None else -1)
+    store_host = 0 if launch_env is None or not launch_env.use_agent_store else -1  # rank 0's, or the agent's
+    hosts = rank == store_host
+    options = Options.from_kwargs({}, store_host)
     error_file = launch_env.error_file if launch_env else None
     return _watch(
         backend, store, prefix, hosts, options, _own_launch(env), error_file, False, keep, pg=dist.group.WORLD

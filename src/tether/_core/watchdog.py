@@ -1,6 +1,7 @@
 """The per-process watchdog: it learns of failures at once and wakes the main thread.
 
-Three daemon threads, two store connections, plus a fourth thread once a failure is known:
+Three daemon threads (four beside a store host), two store connections, plus one more
+thread once a failure is known:
 
 * **listener** blocks in ``queue_pop`` on this rank's inbox (no timeout: a timed-out c10d
   wait logs a warning). On ``"fail"`` it reads the root cause, turns it into the exception
@@ -22,6 +23,11 @@ Three daemon threads, two store connections, plus a fourth thread once a failure
 * **janitor** (``janitor.py``, started by the keeper on the keeper's connection) deletes
   the keys of spent store gates, handed to it by the main thread, so that a sync does not
   wait for those round trips. Idle cost: a thread blocked on a Python queue.
+* **store watch** (only on a rank that shares a host with a rank hosting the store, as
+  rank 0 does under plain ``env://``) reads that rank's process state from /proc every
+  0.5 s and nothing else: a store host that is stopped blocks every store operation,
+  the keeper's with them, so it is judged where no store is needed (``liveness.py``:
+  ``StoreHostWatch``). Idle cost: one /proc read per period.
 * **ladder** (only after a failure) escalates when the main thread does not take the
   failure: after ``grace / 2`` it aborts the process group on a thread of its own (NCCL's
   abort can hang: it never holds the exit), after ``grace`` it prints the root cause and
@@ -71,7 +77,7 @@ from ..errors import ExitCode, PeerLost, SyncTimeout, TetherError
 from .channel import ROOT_WAIT, Channel
 from .futures import FINISHED_KEY, Failables
 from .janitor import Janitor
-from .liveness import NodeWatch, PeerJudge
+from .liveness import NodeWatch, PeerJudge, StoreHostWatch
 from .nccl import abort_in_background
 from .record import FailureRecord, error_from_record, lost_record
 
@@ -130,6 +136,7 @@ class Watchdog:
         *,
         judge: PeerJudge | None = None,
         nodes: NodeWatch | None = None,
+        store_watch: StoreHostWatch | None = None,
         abort: Callable[[], None] = lambda: None,
         group_gone: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
@@ -141,6 +148,7 @@ class Watchdog:
         self.config = config
         self.judge = judge
         self.nodes = nodes
+        self.store_watch = store_watch
         self._abort = abort
         self._group_gone = group_gone
         self._clock = clock
@@ -167,6 +175,8 @@ class Watchdog:
             threading.Thread(target=self._keep, name="tether-keeper", daemon=True),
             self.janitor.thread,
         ]
+        if store_watch is not None:
+            self._threads.append(threading.Thread(target=self._watch_store_host, name="tether-storewatch", daemon=True))
 
     def start(self) -> None:
         for t in self._threads:
@@ -312,6 +322,10 @@ class Watchdog:
 
     def store_lost(self, exc: BaseException) -> TetherError:
         """The store's host vanished: that is this rank's failure (unless one is known)."""
+        frozen = self.store_watch.seen_frozen() if self.store_watch is not None else None
+        if frozen is not None:  # its process was seen stopped: closed by a rank that ended it (liveness.py)
+            self.deliver(PeerLost(frozen), None)
+            return self.failure or PeerLost(frozen)
         host = self.config.store_host
         who = f"rank {host} (store host)" if host >= 0 else "the launcher hosting the store"
         cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -410,6 +424,21 @@ class Watchdog:
                     return
                 log.exception("tether keeper: error in one cycle; going on")
                 self._stop.wait(PERIOD)
+
+    def _watch_store_host(self) -> None:
+        """The store watch's thread: no store operation, ever (see ``StoreHostWatch``)."""
+        assert self.store_watch is not None
+        while not self._stop.wait(JUDGE_PERIOD) and not self._retiring.is_set():
+            try:
+                record = self.store_watch.check()
+            except Exception:
+                log.exception("tether store watch: error in one look; going on")
+                continue
+            if record is not None:
+                # no client: waking a store wait would itself wait on the frozen store; the
+                # process was killed, and its closing connections wake such waits
+                self.deliver(PeerLost(record), None)
+                return
 
     # --- the ladder -------------------------------------------------------------------
 
