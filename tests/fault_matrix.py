@@ -66,6 +66,7 @@ class Row:
     timeout: float | None = None
     mismatch: str = "barrier"
     victim_exc: str | None = None  # what the striking rank itself raises, where it lives on
+    grace: float = 3.0  # the watchdog's grace (_faults.Case); STORE_ERROR_GRACE where the store's host goes
     survivors: tuple[int, ...] | None = field(default=None)  # None: every rank but the striker
 
     @property
@@ -165,6 +166,7 @@ def host_lost(launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
     if launcher == "spawn":
         return Row("F7", "kill_host", "outside", launcher, nproc, striker, (), None, detect=None, survivors=(), **kw)
     root = (0, "(SIGKILL)", "Signal 9 (SIGKILL) received")
+    kw.setdefault("grace", STORE_ERROR_GRACE)
     return Row("F7", "kill_host", "outside", launcher, nproc, striker, ("PeerLost",), root, **kw)
 
 
@@ -180,6 +182,13 @@ def launcher_stop(launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
         "F8", "term_launcher", "outside", launcher, nproc, striker, expect, root, survivors=tuple(range(nproc)), **kw
     )
 
+
+# torch formats a store error's message with a reverse DNS lookup of the peer's address;
+# this VM's resolver leaves about one lookup in 60 unanswered for its 5 s timeout. Where
+# the store's host goes (F7, and F4 on it, whose judge kills it), every survivor's store
+# operations fail at once, each after such a lookup: with a 3 s grace the ladder ended a
+# survivor stuck 5 s in one (exit 6, no RESULT; seen on F7-kill_host-...-4r, 2026-12-03).
+STORE_ERROR_GRACE = 8.0
 
 B = 150.0  # whole-job bound: start-up of 4 ranks takes 10-45 s on this loaded 2-core machine
 B_STOPPED = 200.0  # torchrun waits 30 s after its SIGTERM before it SIGKILLs a stopped worker
@@ -245,9 +254,9 @@ ROWS: list[Row] = [
     host_lost("initialize-rank0", 4, 0, bound=B, detect=PUSH),
     host_lost("initialize-rank0", 2, 0, bound=B, detect=PUSH, full=True),
     # F4 on the store's host: every store operation waits on it (liveness.StoreHostWatch)
-    freeze("outside", "initialize-rank0", 4, 0, bound=B, detect=HEARTBEAT),
-    freeze("first", "initialize-rank0", 4, 0, bound=B, detect=HEARTBEAT),
-    freeze("outside", "initialize-rank0", 2, 0, bound=B, detect=HEARTBEAT, full=True),
+    freeze("outside", "initialize-rank0", 4, 0, bound=B, detect=HEARTBEAT, grace=STORE_ERROR_GRACE),
+    freeze("first", "initialize-rank0", 4, 0, bound=B, detect=HEARTBEAT, grace=STORE_ERROR_GRACE),
+    freeze("outside", "initialize-rank0", 2, 0, bound=B, detect=HEARTBEAT, grace=STORE_ERROR_GRACE, full=True),
     # F8: external stop
     stop("sigterm", "waiting", "spawn", 4, 2, bound=B, detect=PUSH),
     stop("sigint", "outside", "parallel", 4, 1, bound=B, detect=PUSH, full=True),

@@ -28,7 +28,9 @@ TORCHRUN_REPORT = "Root Cause (first observed failure):"
 
 
 def run_row(row: Row) -> _harness.Result:
-    case = Case(row.failure, row.place, row.striker, row.launcher, timeout=row.timeout, mismatch=row.mismatch)
+    case = Case(
+        row.failure, row.place, row.striker, row.launcher, timeout=row.timeout, mismatch=row.mismatch, grace=row.grace
+    )
     args = [case.to_json(), str(row.nproc)]
     if row.launcher == "spawn":
         return _harness.python("fault_job.py", *args, bound=row.bound)

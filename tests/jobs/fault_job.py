@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import lifecycle_common  # noqa: F401  # now, not in result(): an import there opened a window for torchrun's SIGTERM
+
 import tether as idist
 from _faults import Case, result, run_case
 
