@@ -262,6 +262,7 @@ ROWS: list[Row] = [
     raise_("F1", "first", "initialize-rank0", 4, 0, bound=B, detect=PUSH, grace=STORE_ERROR_GRACE, full=True),
     stop("sigterm", "outside", "initialize-rank0", 4, 0, bound=B, detect=PUSH, grace=STORE_ERROR_GRACE, full=True),
     stall("outside", "initialize-rank0", 4, 0, bound=B, grace=STORE_ERROR_GRACE, full=True),
+    raise_("F2", "outside", "initialize-rank0", 4, 2, bound=B, detect=PUSH, grace=STORE_ERROR_GRACE, full=True),
     # F8: external stop
     stop("sigterm", "waiting", "spawn", 4, 2, bound=B, detect=PUSH),
     stop("sigint", "outside", "parallel", 4, 1, bound=B, detect=PUSH, full=True),

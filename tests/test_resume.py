@@ -98,11 +98,15 @@ LATE = {  # how the failure's notice overtakes a survivor's all-reduce: flags ->
         ["--late-allreduce", "--late-register"],
         ["an all-reduce handed back late", "an all-reduce registered late"],
     ),
+    # torchrun's SIGTERM (0.1 s after rank 1 exited) lands first, while backward still waits
+    "result-after-sigterm": (["--late-allreduce", "--late-by", "0.6"], ["an all-reduce handed back late"]),
 }
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
-@pytest.mark.parametrize("late", ["result", "registration", pytest.param("both", marks=pytest.mark.full)])
+@pytest.mark.parametrize(
+    "late", ["result", "registration", "result-after-sigterm", pytest.param("both", marks=pytest.mark.full)]
+)
 def test_a_survivor_whose_all_reduce_comes_after_the_failure_notice_still_saves_the_step_its_peer_finished(
     reference: Path, tmp_path: Path, late: str
 ) -> None:

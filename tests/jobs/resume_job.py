@@ -44,6 +44,7 @@ parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--spawn", action="store_true")
 parser.add_argument("--kill-in-save", choices=["periodic", "emergency"], default=None)
 parser.add_argument("--late-allreduce", action="store_true")
+parser.add_argument("--late-by", type=float, default=0.01, help="seconds after the notice (--late-allreduce)")
 parser.add_argument("--late-register", action="store_true")
 
 LATE = threading.Event()  # set around the backward() whose all-reduce is handed back late
@@ -100,7 +101,7 @@ def late_allreduce(args: argparse.Namespace) -> None:
                 until = time.monotonic() + 10.0
                 while watchdog is not None and watchdog.failure is None and time.monotonic() < until:
                     time.sleep(0.001)
-                time.sleep(0.01)
+                time.sleep(args.late_by)
                 try:
                     late.set_result(real.value())
                 except Exception as exc:

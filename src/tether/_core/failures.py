@@ -16,6 +16,13 @@ from .verdicts import failure_behind_raw, failure_behind_stop, is_backend_error
 
 log = logging.getLogger("tether")
 
+# How long a rank that hosts the store and fails (on its own, or as a victim) keeps the
+# store up for the others, until each marked how it ended. Without it, its exit closed the store before
+# some survivors had read its record: they raised PeerLost "the store closed its
+# connection" instead of PeerFailure naming its exception (1 run in 4 of the --full rows
+# F1-raise-first-initialize-rank0-4r and F8-sigterm-outside-initialize-rank0-4r).
+HOST_LINGER = 2.0
+
 
 def report_failure(exc: BaseException) -> BaseException | None:
     """Post this rank's own failure once, and write torchelastic's error file.
@@ -61,6 +68,8 @@ def _report(ctx: Context, exc: BaseException) -> BaseException | None:
             else:
                 ctx.channel.mark_done("failed")
                 root = ctx.channel.root_cause()
+                if ctx.hosts_store:  # a victim too: the store goes with this process (HOST_LINGER)
+                    ctx.channel.wait_done(HOST_LINGER)
             _write_error_file(ctx, exc, root, victim=True)
         else:
             record = ctx.post_own(exc, where)
@@ -68,6 +77,9 @@ def _report(ctx: Context, exc: BaseException) -> BaseException | None:
             _write_error_file(ctx, exc, record, victim=False, root=root)
             if record is not None and threading.current_thread() is not threading.main_thread():
                 _wake_main_thread(ctx, record)
+            if record is not None and ctx.hosts_store:
+                # the store goes with this process: let the others read the record first
+                ctx.channel.wait_done(HOST_LINGER)
     except Exception as err:
         # the store may be gone (its host died): then this line is the only trace of why
         log.warning("tether: could not post this rank's failure (%s: %s): %s", type(exc).__name__, exc, err)

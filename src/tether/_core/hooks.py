@@ -20,6 +20,16 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
   is posted), not as a signal. torchrun SIGTERMs every worker 0.1 s after the first one
   exits; a victim still in the user's ``atexit`` functions (a logger's flush) would
   otherwise show as ``-15`` in torchrun's summary instead of ``PEER_FAILED``.
+* **A stop behind a known failure.** torchrun SIGTERMs the survivors 0.1 s after a worker
+  exits. A survivor whose main thread is then in a raw call (DDP's backward) with its
+  peer's failure already known lets the call finish: the watchdog has failed every wait
+  of it that the failure makes vain (or left it the backend's, for the work the failing
+  peer had finished: ``futures.py``), and tether raises that failure at its next call.
+  So in an owned process the handler only notes such a SIGTERM (``defer_stop``), as it
+  would while the failure is posted; raised as the backward returned, it had cut the
+  step before ``optimizer.step()``, and the emergency checkpoint was a step short (seen in
+  a default run under load; ``tests/test_resume.py``, ``result-after-sigterm``). The
+  ladder still ends the process within ``grace`` if nothing raises the failure.
 * **Posting.** A failure posted on the main thread before it reaches the excepthook (a
   ``finally: finalize()``, ``Parallel.run``) holds SIGTERM and SIGINT while it is posted
   (``posting``): a launcher's stop that lands in the post's store round trips raised
@@ -108,8 +118,10 @@ class Hooks:
         signal_fd: int | None,
         rank: int = 0,
         error_file: str | None = None,
+        defer_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         self._on_failure = on_failure
+        self._defer_stop = defer_stop
         self.rank = rank
         self._error_file = error_file
         self._owned = owned
@@ -234,6 +246,9 @@ class Hooks:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signalled = signum
+        if signum == signal.SIGTERM and self._owned and self._defer_stop():
+            self._stop_pending = True  # the known failure ends the process (see the module docstring)
+            return
         if signum == signal.SIGINT:
             raise KeyboardInterrupt("stopped by SIGINT")
         raise Terminated(128 + signum)

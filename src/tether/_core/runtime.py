@@ -203,6 +203,7 @@ def _watch(
         signal_fd=watchdog.signal_fd,
         rank=topo.rank,
         error_file=error_file,
+        defer_stop=lambda: watchdog.failure is not None and watchdog.current_call.endswith(OUTSIDE),
     )
     context.install(ctx)
     watchdog.start()
