@@ -15,7 +15,8 @@ weights to ``OUT/final.pt``.
 gradient all-reduce of step K-1 (the last step rank R finishes) only once the failure has
 reached the rank, as on a loaded machine where the failure's notice overtakes the gloo
 thread that completes the all-reduce. The all-reduce itself has completed: its result is
-unchanged, only late.
+unchanged, only late: ``--late-by`` seconds after the notice (0.01; at 0.6 torchrun's
+SIGTERM, 0.1 s after rank R exited, lands first).
 
 ``--late-register`` (first attempt only): on the other ranks, tether's guard registers
 that all-reduce's future with the watchdog only once the failure has reached the rank, as

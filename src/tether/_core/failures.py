@@ -17,10 +17,10 @@ from .verdicts import failure_behind_raw, failure_behind_stop, is_backend_error
 log = logging.getLogger("tether")
 
 # How long a rank that hosts the store and fails (on its own, or as a victim) keeps the
-# store up for the others, until each marked how it ended. Without it, its exit closed the store before
-# some survivors had read its record: they raised PeerLost "the store closed its
-# connection" instead of PeerFailure naming its exception (1 run in 4 of the --full rows
-# F1-raise-first-initialize-rank0-4r and F8-sigterm-outside-initialize-rank0-4r).
+# store up for the others, until each marked how it ended. Without it, its exit closed
+# the store before some survivors had read its record: they raised PeerLost "the store
+# closed its connection" instead of PeerFailure naming its exception (1 run in 4 of the
+# --full rows F1-raise-first-initialize-rank0-4r and F8-sigterm-outside-initialize-rank0-4r).
 HOST_LINGER = 2.0
 
 
