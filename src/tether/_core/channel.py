@@ -273,17 +273,16 @@ class Channel:
         store, key = client or self._store, self.key("done", rank)
         return store.get(key).decode() if store.check([key]) else None
 
-    def wait_done(self, within: float, poll: float = 0.02) -> list[int]:
-        """Wait up to ``within`` seconds until every other rank marked how it ended; returns
-        the ranks that did not (one ``check`` per ``poll``: a timed-out c10d wait logs)."""
+    def wait_done(self, within: float, poll: float = 0.02) -> bool:
+        """Wait up to ``within`` seconds until every other rank marked how it ended; whether
+        they all did (one ``check`` of every key per ``poll``: a timed-out c10d wait logs)."""
         deadline = time.monotonic() + within
-        left = [r for r in range(self.world_size) if r != self.rank]
-        while left:
-            left = [r for r in left if not self._store.check([self.key("done", r)])]
-            if not left or time.monotonic() >= deadline:
-                break
+        keys = [self.key("done", r) for r in range(self.world_size) if r != self.rank]
+        while keys and not self._store.check(keys):
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(poll)
-        return left
+        return True
 
     def leave(self, how: str = "called finalize()", seqs: Mapping[str, int] | None = None) -> int:
         """Record that this rank finished cleanly; returns how many have.
