@@ -31,8 +31,8 @@ jobs hung, rarely, with every rank in DDP's bucket rebuild (``_rebuild_buckets``
 broadcast through that group) at the second iteration: 2 of 132 benchmark jobs, and one
 fresh-clone test run. The hook keeps the reducer on torch's own group.
 
-The reducer then raises a ``RuntimeError`` that wraps the error's text ("Got the
-following error when running the callback: ..."); ``torch.autograd.backward``, through
+The reducer then raises a ``RuntimeError`` that holds the error's text ("Unable to cast
+<the error> to Tensor": ``_core/futures.py``); ``torch.autograd.backward``, through
 which every ``Tensor.backward()`` goes, is wrapped once a model is guarded so that a
 rank with a known failure gets tether's own exception, chained to the reducer's. The
 model's own ``forward`` is wrapped the same way: DDP's forward makes raw collectives in
@@ -187,7 +187,7 @@ def _guard(ctx: Context, work: torch.futures.Future[Any], first: bool) -> torch.
         deadline = time.monotonic() + timeout
         failables.add(parent, deadline, functools.partial(_expire, ctx, timeout), rescue=finished)
     work.add_done_callback(settle)
-    return parent.then(_value)
+    return parent  # one Python callback per bucket, as torch's allreduce_hook (_core/futures.py)
 
 
 _SUM = allreduce_options("SUM")  # an asynchronous sum: DDP's bucket, straight to its group
@@ -195,10 +195,6 @@ _SUM = allreduce_options("SUM")  # an asynchronous sum: DDP's bucket, straight t
 
 def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
     return fut.value()[0]
-
-
-def _value(fut: torch.futures.Future[Any]) -> Any:
-    return fut.value()  # raises the failure tether set on ``fut``: C++ sees a real error
 
 
 # What a rank in backward() answers a whereabouts query with (``watchdog.current_call``).

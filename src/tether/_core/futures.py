@@ -9,10 +9,15 @@ of ``backward()`` within the notice time of any tether wait.
 
 Facts measured on torch 2.13 (gloo) that shape it:
 
-* ``Future.set_exception`` on the future handed to the reducer is not seen as an error
-  by C++ ("Unable to cast ... to Tensor"). The hook hands over ``parent.then(value)``
-  instead, and tether fails ``parent``: the callback's ``value()`` raises, and C++ marks
-  the child failed with that error.
+* ``Future.set_exception`` on the future handed to the reducer is not an error in C++'s
+  eyes: the future holds the Python exception as its value. The reducer, reading that
+  value as the bucket's tensor, raises ``RuntimeError("Unable to cast <the exception's
+  text> to Tensor")`` out of ``backward()``, in the main thread. That suffices:
+  ``backward()`` is wrapped (``tether/ddp.py``), a rank with a known failure raises
+  tether's own exception chained to it, and a backend error's text is still in it. So the
+  hook hands the reducer the very future tether fails: one Python callback per bucket
+  (the backend's completion), as torch's own ``allreduce_hook``. It used to hand over
+  ``parent.then(value)``, a second callback per bucket that made C++ see a real error.
 * A future completed twice raises "can only be marked completed once". The backend's
   completion and tether's failure can race, so every completion goes through ``settle``,
   under one lock, first one wins.
