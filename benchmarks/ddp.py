@@ -62,8 +62,8 @@ round), each step timed on its own; a contender's cost per step in a round is it
 step time divided by the step count, of the slowest rank. Interleaving whole batches
 instead (one contender's 10 steps, then the next's) let the machine's load drift between
 the batches of a round: the control's ratio IQR was about +-4%. Longer rounds narrow the
-small model's ratios: with ``--steps 200 3`` the control's IQR was 0.969-0.995x /
-0.980-1.038x at 2 / 4 ranks (``results/ddp-small200.md``), against 0.852-0.999x /
+small model's ratios: with ``--steps 200 3`` the control's IQR was 0.964-1.030x /
+0.979-1.044x at 2 / 4 ranks (``results/ddp-small200.md``), against 0.852-0.999x /
 0.940-1.040x with 50 steps (``results/ddp.md``), at four times the small model's time.
 The table gives each contender's median over rounds with its interquartile range (IQR, %
 of the median), and the ratio to plain DDP as the median of the per-round ratios (the
