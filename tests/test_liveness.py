@@ -6,8 +6,10 @@
 * A SIGSTOPped rank is found within ``lost_after`` (+1.5 s), also while another rank is
   busy in a GIL-holding call; the survivors name the frozen rank, never the busy one.
 * Under torchrun a SIGKILLed rank is found within 1 s (not by heartbeat, 7.5 s later).
+* A store whose host is frozen where no rank can read its /proc (torchrun's agent,
+  SIGSTOPped) is lost by its silence: every rank raises ``PeerLost`` 10 s after.
 
-Jobs: ``tests/jobs/lifecycle_liveness.py``. Every failure test asserts the bound, the
+Jobs: ``tests/jobs/lifecycle_liveness.py``, ``tests/jobs/store_silent.py``. Every failure test asserts the bound, the
 exception on every survivor, the root cause in the output, and that no process is left.
 """
 
@@ -109,3 +111,26 @@ def test_under_torchrun_a_sigkilled_rank_is_found_within_1_s(tmp_path: Any) -> N
     root = torchrun_root_rank(res.output)
     assert root == 1, f"torchrun's root cause names rank {root}, expected the killed rank 1\n{tail(res)}"
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+SILENT_AFTER = 10.0  # store_silent.py: max(2 x lost_after 2 s, 10 s)
+
+
+@pytest.mark.timeout(180)
+def test_a_frozen_store_host_no_rank_can_read_from_proc_is_lost_by_its_silence() -> None:
+    # torchrun's agent hosts the store and is SIGSTOPped: before StoreAnswerWatch every
+    # rank waited in its store call until the agent resumed (here: the driver's 60 s)
+    res = python("store_silent.py", bound=BOUND)
+    assert res.returncode == 0, tail(res)
+    (stopped,) = events(res, "stopped")
+    assert stopped["ranks"] == 2, tail(res)
+    raised = by_rank(res, "raised")
+    assert sorted(raised) == [0, 1], tail(res)
+    for data in raised.values():
+        assert data["exc"] == "PeerLost", data
+        assert data["orig_msg"].startswith("the launcher hosting the store lost: silent: the job's store has not"), data
+        assert SILENT_AFTER <= data["after"] < SILENT_AFTER + 3.0, data  # a look every 0.5 s
+    gone = by_rank(res, "gone")
+    assert all(g["gone"] and g["after"] < SILENT_AFTER + 5.0 for g in gone.values()), gone
+    assert res.output.count("the launcher hosting the store lost: silent") >= 2, tail(res)  # each rank's story
+    assert res.leftovers == []

@@ -23,6 +23,13 @@ is never lost: nothing here reads a heartbeat from a rank's own Python threads.
   ``StoreHostWatch`` instead, on a thread of its own, without the store. A judge that is
   itself blocked (its main thread holds the GIL) only judges later; it never judges
   wrongly, because what it reads is the OS's state, not a beat.
+* **The store, from its own answers.** A store whose host is frozen or cut off from
+  this one leaves every store operation waiting, with no /proc to read from another
+  host. Every rank that does not host the store asks its server to answer
+  (``StoreAnswerWatch``, a TCPStore PING on a socket of its own, every 0.5 s): silent
+  for ``store_silent_after(lost_after)``, it is lost. The server answers from a C++
+  thread of its own, without the GIL of the process hosting it, so only a stopped or
+  unreachable host goes silent.
 * **Nodes, from heartbeats.** With more than one node, each node beats ``P/node/<n>``
   every ``heartbeat`` seconds (its launcher under ``tether.spawn``; its local rank 0's
   keeper thread otherwise) and watches the next node of a ring: a node silent for
@@ -52,6 +59,7 @@ from torch._C._distributed_c10d import Store
 from . import errorfile
 from .channel import Channel
 from .record import FailureRecord, lost_record
+from .stores import StorePing, cut_connections
 
 _HOST = socket.gethostname()  # a judge sees the processes of its own host only
 
@@ -286,3 +294,73 @@ class StoreHostWatch:
                 os.kill(pid, signal.SIGKILL)
         self._record = record
         return record
+
+
+PING_WAIT = 0.2  # seconds a look waits for the store's answer (the next look waits on)
+SILENT_MIN = 10.0  # the least silence taken for a lost store
+
+
+def store_silent_after(lost_after: float) -> float:
+    """How long the store may stay silent: twice ``lost_after``, and never under 10 s.
+
+    Longer than the /proc judgement, which reads the OS's own state: a silence is
+    inferred, and a whole job ends on it.
+    """
+    return max(2.0 * lost_after, SILENT_MIN)
+
+
+class StoreAnswerWatch:
+    """Finds the job's store silent, from any host: its host frozen, or cut off from this one.
+
+    ``check`` asks the server (``stores.StorePing``); once the question has gone
+    unanswered for ``silent_after``, the store is lost, once: this rank's connections to
+    it are cut (``stores.cut_connections``), which wakes its threads blocked there (the
+    main thread's store waits raise, and tell this story through ``seen_silent``). A
+    connection the server closed is the store going (F7, told by the store's error); the
+    watch then stops asking.
+
+    Args:
+        ping: a ping that answered at start (``StorePing.answers``).
+        store: the store whose connections are cut.
+        store_host: the rank hosting the store, or -1 for a launcher.
+        reporter: this rank.
+        silent_after: seconds without an answer.
+    """
+
+    def __init__(self, ping: StorePing, store: Store, store_host: int, reporter: int, silent_after: float) -> None:
+        self._ping: StorePing | None = ping
+        self._store = store
+        self.store_host = store_host
+        self._reporter = reporter
+        self._silent_after = silent_after
+        self._record: FailureRecord | None = None
+
+    def check(self) -> FailureRecord | None:
+        """One look; the loss, once, when the store has been silent for ``silent_after``."""
+        ping = self._ping
+        if ping is None or self._record is not None:
+            return None
+        silent = ping.silent_for(PING_WAIT)
+        if silent is None:  # closed by the server: the store is going, and its error says so
+            self.close()
+            return None
+        if silent < self._silent_after:
+            return None
+        who = f"rank {self.store_host} (store host)" if self.store_host >= 0 else "the launcher hosting the store"
+        message = (
+            f"{who} lost: silent: the job's store has not answered for {silent:.1f} s; its host is "
+            f"frozen, or cut off from this rank's ({_HOST})"
+        )
+        self._record = lost_record(self.store_host, message, self._reporter, host="")
+        self.close()
+        cut_connections(self._store)
+        return self._record
+
+    def seen_silent(self) -> FailureRecord | None:
+        """The loss, if this watch found it (asked by a rank whose store connection was cut)."""
+        return self._record
+
+    def close(self) -> None:
+        if self._ping is not None:
+            self._ping.close()
+            self._ping = None

@@ -38,11 +38,11 @@ from .context import Context
 from .ending import register_atexit, retire, wrap_destroy
 from .failures import blamed, report_failure
 from .hooks import Hooks
-from .liveness import HostJudge, NodeWatch, StoreHostWatch
+from .liveness import HostJudge, NodeWatch, StoreAnswerWatch, StoreHostWatch, store_silent_after
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
 from .record import FailureRecord
-from .stores import channel_beside
+from .stores import StorePing, channel_beside
 from .verdicts import OUTSIDE
 from .watchdog import Watchdog, WatchdogConfig
 
@@ -153,6 +153,12 @@ def _watch(
     # a rank hosting the store is judged stopped without the store (liveness.StoreHostWatch)
     beside_host = launch.judge_peers and config.store_host >= 0 and topo.rank != config.store_host
     store_watch = StoreHostWatch(judge, config.store_host, config.lost_after, time.monotonic) if beside_host else None
+    store_answers = None
+    if not hosts_store:  # from any host, the store is judged silent by its own answers
+        ping = StorePing(store, time.monotonic)
+        if ping.answers:
+            silent_after = store_silent_after(config.lost_after)
+            store_answers = StoreAnswerWatch(ping, store, config.store_host, topo.rank, silent_after)
     nodes = NodeWatch(
         channel,
         topo.node_rank,
@@ -178,6 +184,7 @@ def _watch(
         config,
         judge=judge if launch.judge_peers else None,
         store_watch=store_watch,
+        store_answers=store_answers,
         nodes=nodes if topo.nnodes > 1 and topo.local_rank == 0 and launch.node_beats else None,
         abort=backend.abort,
         group_gone=group_gone,

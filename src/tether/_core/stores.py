@@ -1,13 +1,17 @@
 """The stores a job runs on: the launcher's, and the failure channel's when the job's own cannot carry it.
 
-Also ``StoreProbe``: how a rank sees, without a torch client, that a store's server closed.
+Also ``StoreProbe``: how a rank sees, without a torch client, that a store's server closed;
+and ``StorePing``: whether it still answers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import socket
+import struct
+from collections.abc import Callable
 
 from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
 
@@ -89,3 +93,123 @@ class StoreProbe:
             self._sock.settimeout(bound)
             with contextlib.suppress(OSError):  # a timeout too: then go on, as before
                 self._sock.recv(1)
+
+
+# TCPStore's wire protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp, torch 2.13):
+# a client first sends VALIDATE with the magic number, then queries; PING carries a
+# 32-bit nonce that the server sends back.
+_VALIDATE, _PING = 0, 13
+_MAGIC = 0x3C85F7CE
+
+
+class StorePing:
+    """A bare TCP connection that asks a ``TCPStore``'s server to answer, with a timeout of its own.
+
+    A torch client cannot tell a frozen server: an operation on a SIGSTOPped server never
+    returns, whatever the client's timeout (``liveness.StoreHostWatch``). This asks with
+    TCPStore's PING, on a socket of its own whose timeout holds. The server answers from
+    its own thread, without the GIL of the process that hosts it: a busy host answers, a
+    stopped or unreachable one does not.
+
+    One ping is outstanding at a time: ``silent_for`` sends one if none is, reads its
+    answer for up to ``wait`` seconds, and returns how long the outstanding one has gone
+    unanswered (0.0 once answered), or None when there is no connection (never made, not
+    answered at start, or closed by the server: the store going, not a freeze). A server
+    that does not answer the first ping (another store, another release) is never asked
+    again: ``answers`` is False.
+    """
+
+    answers = False
+
+    def __init__(self, store: Store, clock: Callable[[], float], timeout: float = 2.0) -> None:
+        self._sock: socket.socket | None = None
+        self._clock = clock
+        self._nonce = os.getpid() & 0xFFFF  # leaves room to count up
+        self._since: float | None = None  # when the outstanding ping was sent
+        self._reply = b""
+        while isinstance(store, PrefixStore):
+            store = store.underlying_store
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        if not (isinstance(store, TCPStore) and host and port):
+            return
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+            self._sock.sendall(struct.pack("=BI", _VALIDATE, _MAGIC))
+        except OSError:
+            self.close()
+            return
+        self.answers = self.silent_for(timeout) == 0.0
+        if not self.answers:
+            self.close()
+
+    def silent_for(self, wait: float) -> float | None:
+        sock = self._sock
+        if sock is None:
+            return None
+        try:
+            if self._since is None:
+                self._nonce = (self._nonce + 1) & 0xFFFFFFFF
+                sock.sendall(struct.pack("=BI", _PING, self._nonce))
+                self._since = self._clock()
+            sock.settimeout(wait)
+            while len(self._reply) < 4:
+                chunk = sock.recv(4 - len(self._reply))
+                if not chunk:  # the server closed the connection: the store is going
+                    self.close()
+                    return None
+                self._reply += chunk
+        except TimeoutError:
+            return self._clock() - self._since if self._since is not None else None
+        except OSError:
+            self.close()
+            return None
+        answer, self._reply, self._since = struct.unpack("=I", self._reply)[0], b"", None
+        if answer != self._nonce:  # not a PING this server understands
+            self.close()
+            return None
+        return 0.0
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+
+def cut_connections(store: Store) -> int:
+    """Shut down every socket of this process connected to ``store``'s server; how many.
+
+    A thread blocked on a frozen server (``StorePing``) is then woken by its own socket's
+    end, with the error a closed store gives, as if the server had died. Only connections
+    to the server's own address and port are touched (Linux: /proc/self/fd); the store is
+    useless to this process by then. Elsewhere, or for a store that is not a
+    ``TCPStore``, nothing is cut.
+    """
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    if not (isinstance(store, TCPStore) and host and port):
+        return 0
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    addresses |= {f"::ffff:{a}" for a in addresses if ":" not in a}  # as a dual-stack socket names them
+    cut = 0
+    for name in fds:
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with sock, contextlib.suppress(OSError):
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                continue
+            peer = sock.getpeername()
+            if peer[1] == port and peer[0] in addresses:
+                sock.shutdown(socket.SHUT_RDWR)  # the fd it was duplicated from shares the socket
+                cut += 1
+    return cut

@@ -77,7 +77,7 @@ from ..errors import ExitCode, PeerLost, SyncTimeout, TetherError
 from .channel import ROOT_WAIT, Channel
 from .futures import FINISHED_KEY, Failables
 from .janitor import Janitor
-from .liveness import NodeWatch, PeerJudge, StoreHostWatch
+from .liveness import NodeWatch, PeerJudge, StoreAnswerWatch, StoreHostWatch
 from .nccl import abort_in_background
 from .record import FailureRecord, error_from_record, lost_record
 
@@ -137,6 +137,7 @@ class Watchdog:
         judge: PeerJudge | None = None,
         nodes: NodeWatch | None = None,
         store_watch: StoreHostWatch | None = None,
+        store_answers: StoreAnswerWatch | None = None,
         abort: Callable[[], None] = lambda: None,
         group_gone: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
@@ -149,6 +150,7 @@ class Watchdog:
         self.judge = judge
         self.nodes = nodes
         self.store_watch = store_watch
+        self.store_answers = store_answers
         self._abort = abort
         self._group_gone = group_gone
         self._clock = clock
@@ -175,7 +177,7 @@ class Watchdog:
             threading.Thread(target=self._keep, name="tether-keeper", daemon=True),
             self.janitor.thread,
         ]
-        if store_watch is not None:
+        if store_watch is not None or store_answers is not None:
             self._threads.append(threading.Thread(target=self._watch_store_host, name="tether-storewatch", daemon=True))
 
     def start(self) -> None:
@@ -323,6 +325,8 @@ class Watchdog:
     def store_lost(self, exc: BaseException) -> TetherError:
         """The store's host vanished: that is this rank's failure (unless one is known)."""
         frozen = self.store_watch.seen_frozen() if self.store_watch is not None else None
+        if frozen is None and self.store_answers is not None:
+            frozen = self.store_answers.seen_silent()  # this rank cut its connections (liveness.py)
         if frozen is not None:  # its process was seen stopped: closed by a rank that ended it (liveness.py)
             self.deliver(PeerLost(frozen), None)
             return self.failure or PeerLost(frozen)
@@ -426,19 +430,25 @@ class Watchdog:
                 self._stop.wait(PERIOD)
 
     def _watch_store_host(self) -> None:
-        """The store watch's thread: no store operation, ever (see ``StoreHostWatch``)."""
-        assert self.store_watch is not None
-        while not self._stop.wait(JUDGE_PERIOD) and not self._retiring.is_set():
-            try:
-                record = self.store_watch.check()
-            except Exception:
-                log.exception("tether store watch: error in one look; going on")
-                continue
-            if record is not None:
-                # no client: waking a store wait would itself wait on the frozen store; the
-                # process was killed, and its closing connections wake such waits
-                self.deliver(PeerLost(record), None)
-                return
+        """The store watch's thread: no store operation, ever (``StoreHostWatch``,
+        ``StoreAnswerWatch``)."""
+        try:
+            while not self._stop.wait(JUDGE_PERIOD) and not self._retiring.is_set():
+                try:
+                    record = self.store_watch.check() if self.store_watch is not None else None
+                    if record is None and self.store_answers is not None:
+                        record = self.store_answers.check()
+                except Exception:
+                    log.exception("tether store watch: error in one look; going on")
+                    continue
+                if record is not None:
+                    # no client: waking a store wait would itself wait on the frozen store; the
+                    # process was killed, or this rank's connections to it cut, which wakes such waits
+                    self.deliver(PeerLost(record), None)
+                    return
+        finally:
+            if self.store_answers is not None:
+                self.store_answers.close()
 
     # --- the ladder -------------------------------------------------------------------
 
