@@ -152,7 +152,9 @@ def test_a_rank_that_starts_later_than_sync_timeout_still_joins_and_raw_waits_st
     assert res.returncode is not None and res.elapsed < 90.0, tail(res)
     took = {e["rank"]: e["took"] for e in events(res, "initialized")}
     assert sorted(took) == [0, 1], f"not every rank came up (sync_timeout bounded the start-up?)\n{tail(res)}"
-    assert took[0] > 2.5, took  # rank 0 waited for its late peer: 3 s, more than sync_timeout (1 s)
+    # rank 0 waited for its late peer longer than sync_timeout (1 s): rank 1 sleeps 3 s after
+    # its imports, less what rank 0's own imports took longer (2.35 s once, under a full run)
+    assert took[0] > 1.5, took
     assert [e["total"] for e in events(res, "summed")] == [3, 3], tail(res)
     (stall,) = events(res, "stall")
     (raised,) = [e for e in events(res, "raised") if e["rank"] == 0]  # rank 1 gets torchrun's SIGTERM

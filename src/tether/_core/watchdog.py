@@ -1,7 +1,8 @@
 """The per-process watchdog: it learns of failures at once and wakes the main thread.
 
-Three daemon threads (four beside a store host), two store connections, plus one more
-thread once a failure is known:
+Three daemon threads (four on a rank that does not host the store), two store
+connections (three with the store watch's ping), plus one more thread once a failure is
+known:
 
 * **listener** blocks in ``queue_pop`` on this rank's inbox (no timeout: a timed-out c10d
   wait logs a warning). On ``"fail"`` it reads the root cause, turns it into the exception
@@ -23,11 +24,13 @@ thread once a failure is known:
 * **janitor** (``janitor.py``, started by the keeper on the keeper's connection) deletes
   the keys of spent store gates, handed to it by the main thread, so that a sync does not
   wait for those round trips. Idle cost: a thread blocked on a Python queue.
-* **store watch** (only on a rank that shares a host with a rank hosting the store, as
-  rank 0 does under plain ``env://``) reads that rank's process state from /proc every
-  0.5 s and nothing else: a store host that is stopped blocks every store operation,
-  the keeper's with them, so it is judged where no store is needed (``liveness.py``:
-  ``StoreHostWatch``). Idle cost: one /proc read per period.
+* **store watch** (on every rank that does not host the store) never makes a store
+  operation: a store host that is stopped blocks every one, the keeper's with them. On a
+  rank that shares a host with a rank hosting the store (rank 0 under plain ``env://``)
+  it reads that rank's process state from /proc every 0.5 s (``StoreHostWatch``); on
+  every such rank it asks the store's server to answer, a PING on a socket of its own
+  (``StoreAnswerWatch``), and a store silent too long is lost (``liveness.py``). Idle
+  cost: one /proc read and one ping round trip per period.
 * **ladder** (only after a failure) escalates when the main thread does not take the
   failure: after ``grace / 2`` it aborts the process group on a thread of its own (NCCL's
   abort can hang: it never holds the exit), after ``grace`` it prints the root cause and
