@@ -67,6 +67,14 @@ def job_store(addr: str, port: int | None, world: int, node_rank: int, shared_fi
 CLOSE_WAIT = 2.0  # seconds a rank waits, in finalize, for the store's host to close the store
 
 
+def server_address(store: Store) -> tuple[str, int] | None:
+    """``(host, port)`` of the ``TCPStore`` server beneath ``store``; None for another store."""
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    return (host, port) if isinstance(store, TCPStore) and host and port else None
+
+
 class StoreProbe:
     """A bare TCP connection to a ``TCPStore``'s server, to learn when the server closes.
 
@@ -79,12 +87,10 @@ class StoreProbe:
 
     def __init__(self, store: Store) -> None:
         self._sock: socket.socket | None = None
-        while isinstance(store, PrefixStore):
-            store = store.underlying_store
-        host, port = getattr(store, "host", None), getattr(store, "port", None)
-        if isinstance(store, TCPStore) and host and port:
+        address = server_address(store)
+        if address is not None:
             with contextlib.suppress(OSError):
-                self._sock = socket.create_connection((host, port), timeout=1.0)
+                self._sock = socket.create_connection(address, timeout=1.0)
 
     def wait_closed(self, bound: float) -> None:
         if self._sock is None:
@@ -127,13 +133,11 @@ class StorePing:
         self._nonce = os.getpid() & 0xFFFF  # leaves room to count up
         self._since: float | None = None  # when the outstanding ping was sent
         self._reply = b""
-        while isinstance(store, PrefixStore):
-            store = store.underlying_store
-        host, port = getattr(store, "host", None), getattr(store, "port", None)
-        if not (isinstance(store, TCPStore) and host and port):
+        address = server_address(store)
+        if address is None:
             return
         try:
-            self._sock = socket.create_connection((host, port), timeout=timeout)
+            self._sock = socket.create_connection(address, timeout=timeout)
             self._sock.sendall(struct.pack("=BI", _VALIDATE, _MAGIC))
         except OSError:
             self.close()
@@ -185,11 +189,10 @@ def cut_connections(store: Store) -> int:
     useless to this process by then. Elsewhere, or for a store that is not a
     ``TCPStore``, nothing is cut.
     """
-    while isinstance(store, PrefixStore):
-        store = store.underlying_store
-    host, port = getattr(store, "host", None), getattr(store, "port", None)
-    if not (isinstance(store, TCPStore) and host and port):
+    address = server_address(store)
+    if address is None:
         return 0
+    host, port = address
     try:
         addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
         fds = os.listdir("/proc/self/fd")
