@@ -130,7 +130,7 @@ class StorePing:
     def __init__(self, store: Store, clock: Callable[[], float], timeout: float = 2.0) -> None:
         self._sock: socket.socket | None = None
         self._clock = clock
-        self._nonce = os.getpid() & 0xFFFF  # leaves room to count up
+        self._nonce = os.getpid()  # counted up per ping (mod 2**32)
         self._since: float | None = None  # when the outstanding ping was sent
         self._reply = b""
         address = server_address(store)
@@ -205,8 +205,13 @@ def cut_connections(store: Store) -> int:
         try:
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
                 continue
-            sock = socket.socket(fileno=os.dup(fd))
+            copy = os.dup(fd)
         except OSError:
+            continue
+        try:
+            sock = socket.socket(fileno=copy)
+        except OSError:  # a socket Python cannot wrap: not a store connection
+            os.close(copy)
             continue
         with sock, contextlib.suppress(OSError):
             if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
