@@ -351,7 +351,7 @@ class StoreAnswerWatch:
             f"{who} lost: silent: the job's store has not answered for {silent:.1f} s; its host is "
             f"frozen, or cut off from this rank's ({_HOST})"
         )
-        self._record = lost_record(self.store_host, message, self._reporter, host="")
+        self._record = lost_record(self.store_host, message, self._reporter)
         self.close()
         cut_connections(self._store)
         return self._record
