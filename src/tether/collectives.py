@@ -33,6 +33,7 @@ import torch
 import torch.distributed.distributed_c10d as c10d  # torch's own: ``dist.*`` are tether's raw-call wrappers
 
 from . import _checks, groups
+from ._core import lent
 from ._core.context import Context
 from ._core.group import Group
 from ._core.runtime import current
@@ -121,7 +122,10 @@ def _agree(
             mine[_SIGNATURE_BYTES : _SIGNATURE_BYTES + inline] = payload.detach().reshape(-1).view(torch.uint8)
     rows = torch.empty(len(group.members), _FRAME_BYTES, dtype=torch.uint8, device=device)
     ctx.check()
-    work = c10d.all_gather(list(rows.unbind(0)), mine, group=group.pg, async_op=True)
+    outs = list(rows.unbind(0))
+    found = lent.counted([mine, *outs])
+    work = c10d.all_gather(outs, mine, group=group.pg, async_op=True)
+    lent.lend(found)
     _run(ctx, work, group, signature, timeout)
     signatures = rows[:, :_SIGNATURE_BYTES]
     if not _read(ctx, (signatures == signatures[0]).all(), _item):
@@ -235,11 +239,13 @@ def all_reduce(
     if ctx.settings.check_collectives:
         _agree(ctx, members, f"all_reduce({op}, {_describe(t)})", timeout)
     ctx.check()  # never send into a job that already failed: the work would outlive the rank
+    found = lent.counted((t,))
     if type(tensor) in _PLAIN:  # tether's own 0-d tensor: straight to the group (see _OPTIONS)
         work = (members.pg if members.pg is not None else ctx.pg).allreduce([t], allreduce_options(op))
     else:
         work = c10d.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
     # what follows the issue overlaps the transfer; only the checks above delay it
+    lent.lend(found)
     _run(ctx, work, members, f"all_reduce({op}, {_describe(t)})", timeout)
     if isinstance(tensor, torch.Tensor):
         return _fill(tensor, t)
@@ -257,7 +263,9 @@ def _gather_tensor(
             return inline.contiguous().view(t.dtype).reshape(len(members.members) * t.shape[0], *t.shape[1:])
     out = [torch.empty_like(t) for _ in members.members]
     ctx.check()
+    found = lent.counted([t, *out])
     work = c10d.all_gather(out, t, group=members.pg, async_op=True)
+    lent.lend(found)
     _run(ctx, work, members, f"{signature}({_describe(t)})", timeout)  # built while the data moves
     return torch.cat(out, dim=0)
 
@@ -473,7 +481,9 @@ def broadcast(
                         t.copy_(inline[members.members.index(src)].view(t.dtype).reshape(t.shape))
                 return t
         ctx.check()
+        found = lent.counted((t,))
         work = c10d.broadcast(t, src=src, group=members.pg, async_op=True)
+        lent.lend(found)
         _run(ctx, work, members, f"broadcast(src={src}, {what})", timeout)  # built while the data moves
         return t
 

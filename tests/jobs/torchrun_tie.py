@@ -6,6 +6,7 @@ in a barrier. torchrun's error files have whole-second timestamps and ties go to
 lowest rank: tether's must still make torchrun's Root Cause rank 2.
 """
 
+import signal
 import time
 
 from lifecycle_common import emit, raised, start_in_step
@@ -18,6 +19,9 @@ try:
         emit("struck", rank=rank, time=time.time())
         raise RuntimeError("boom from rank 2")
     if rank == 1:
+        # torchrun SIGTERMs the other ranks once rank 2 exited; on a loaded machine that once
+        # came before this sleep ended, and rank 1 never struck. Held back: its own raise is its fate
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         time.sleep(0.01)
         emit("struck", rank=rank, time=time.time())
         raise RuntimeError("boom from rank 1")

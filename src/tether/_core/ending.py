@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import TetherError
-from . import context
+from . import context, lent
 from .channel import wait_keys
 from .context import Context
 from .failures import report_failure
@@ -118,8 +118,11 @@ def _at_exit() -> None:
     A process that never called ``finalize`` retires its context here. One that a SIGTERM
     is ending (``Terminated`` reached the top) posts the stop, as ``finalize`` would,
     rather than a clean exit, and an owned one then ends at once (see ``_end_stopped``).
-    Then the threads of contexts retired on the happy path that had not ended yet are
-    waited for, up to ``LINGER`` seconds (see "Stopping" in ``watchdog.py``).
+    Then the rank waits until the backend's threads have given back the tensors of the
+    last collectives, up to ``lent.SETTLE`` seconds (a worker that drops one during the
+    teardown aborts the process: see ``lent.py``), and for the threads of contexts
+    retired on the happy path that had not ended yet, up to ``LINGER`` seconds (see
+    "Stopping" in ``watchdog.py``).
     """
     ctx = context.peek()
     if ctx is not None:
@@ -132,6 +135,14 @@ def _at_exit() -> None:
             return
         ctx.leaving = "exited without finalize()"
         retire(ctx, leave=True)
+    held = lent.settle()
+    if held:
+        log.warning(
+            "tether: the backend's threads still hold %d tensor(s) of a collective %.0f s into the exit "
+            "(an async work never waited for?); Python's teardown may abort this process (SIGABRT)",
+            held,
+            lent.SETTLE,
+        )
     running = join_lingering(LINGER)
     if running:
         log.warning(

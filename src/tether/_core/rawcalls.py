@@ -31,7 +31,8 @@ and explains them instead:
 
 The wrapper costs two attribute writes, the watchdog's lock twice (``begin_wait`` /
 ``end_wait``) and a ``try`` per call (the ranks of the call's group, for a timeout's
-verdict, are worked out only after a failure). It covers code
+verdict, are worked out only after a failure), and per tensor argument a reference count
+and a weak reference: the exit waits until gloo's worker gave it back (``lent.py``). It covers code
 that looks the function up on the module at call time (``dist.all_reduce(...)``, and
 torch's own ``torch.distributed.utils``, which DDP's constructor uses); a name imported
 with ``from torch.distributed import all_reduce`` before tether started is not covered.
@@ -52,7 +53,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..errors import TetherError
-from . import context, nccl
+from . import context, lent, nccl
 from .group import Group
 from .hooks import Terminated
 from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, warn_stall
@@ -196,7 +197,11 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return _outside(call, signature, original, args, kwargs)
+        found = lent.counted_args(args, kwargs)
+        try:
+            return _outside(call, signature, original, args, kwargs)
+        finally:
+            lent.lend(found)  # also an async work's: it is the caller's, the exit still waits for it
 
     if name not in _MAKES_GROUPS:
         return wrapper

@@ -1,0 +1,114 @@
+"""Tensors lent to a backend's threads, and an exit that waits until they are given back.
+
+gloo runs each collective on a worker thread of its own (``pt_gloo_runloop``), which
+holds the work, and with it the work's tensors, a little beyond the moment the caller's
+wait returns: it drops them at the end of its loop. On torch 2.13 a tensor with a Python
+object keeps that object alive while C++ holds other references to it ("PyObject
+preservation", ``c10/util/intrusive_ptr.h``), so the thread that drops the last of those
+references decrefs the Python object, and takes the GIL to do it. torch skips that decref
+once Python's teardown has begun (``Py_IsInitialized()`` false), but a worker that passed
+that check just before and then waits for the GIL across the start of the teardown is
+ended by Python (``take_gil`` calls ``pthread_exit``), and the unwinding through torch's
+``noexcept`` destructor aborts the process: "terminate called without an active
+exception", SIGABRT, exit status 134 or -6.
+
+Seen in CI on a rank that returned without ``finalize()`` (the core dump: the gloo worker
+in ``~AsyncAllreduceWork`` -> ``TensorImpl::decref_pyobject`` -> ``gil_scoped_acquire`` ->
+``take_gil`` -> ``pthread_exit`` -> ``std::terminate``, the main thread in
+``Py_FinalizeEx``). Rare: 1 rank exit in 210 on the 2-core VM under 4 CPU hogs, where the
+worker waited for the CPU. Made certain by an async work whose peer comes while the last
+exit handler holds the GIL (``tests/jobs/lifecycle_lent.py``). ``finalize()`` is not
+exposed: destroying the group joins the worker threads before the teardown.
+
+So every tensor tether hands a backend is noted here, with its C++ reference count before
+the call (``counted``, then ``lend`` once the call was made): its own collectives' and
+those of the user's raw ``dist.*`` calls it wraps (``rawcalls.py``). At exit, before
+Python's teardown (``ending._at_exit``), the rank waits (``settle``) until each tensor is
+gone or back to that count, so its work was dropped, by whichever thread, while the GIL
+could still be had; then, if one is still alive, it releases the GIL ``GRACE`` longer
+for the decref that follows the count. The wait is bounded (``SETTLE``): a work whose
+peer never comes (an async work nobody waited for) is waited for no longer, and a
+warning says so. Not covered: the works of ``isend``/``irecv`` and of DDP's reducer,
+which tether does not issue or wrap.
+
+Cost: a reference-count read before the call and a weak reference after it was issued
+(about 0.13 us a tensor, measured with ``timeit``), kept for the last ``KEPT`` calls: a
+work is held past its wait only by the worker that ran it (gloo has 2 a group).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+KEPT = 16  # calls whose tensors are watched: a work outlives its wait on its worker thread only
+SETTLE = 2.0  # seconds an exit waits for the backend's threads to give the tensors back
+GRACE = 0.02  # seconds of GIL hand-offs an exit gives a worker that let go of a tensor still alive
+
+Loan = tuple["weakref.ref[torch.Tensor]", int]
+Counted = list[tuple[torch.Tensor, int]]
+_loans: collections.deque[tuple[Loan, ...]] = collections.deque(maxlen=KEPT)
+
+
+def _count(tensor: torch.Tensor) -> int:
+    """The C++ reference count of ``tensor``'s TensorImpl (its Python object's own included)."""
+    return int(tensor._use_count())  # type: ignore[attr-defined]  # torch's, not in its stubs
+
+
+def counted(tensors: Iterable[Any]) -> Counted:
+    """The tensors among ``tensors``, each with its count now, before a call lends them."""
+    return [(t, _count(t)) for t in tensors if isinstance(t, torch.Tensor)]
+
+
+def counted_args(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Counted:
+    """``counted`` for a raw call's arguments: its tensors, also those in a list or tuple."""
+    found: Counted = []
+    for arg in (*args, *kwargs.values()):
+        found.extend(counted(arg if isinstance(arg, list | tuple) else (arg,)))
+    return found
+
+
+def lend(found: Counted) -> None:
+    """Note ``found``'s tensors, just handed to a backend by a call that was made."""
+    if found:
+        _loans.append(tuple((weakref.ref(t), n) for t, n in found))
+
+
+def _held(loan: Loan) -> bool | None:
+    """True: the backend still holds the tensor; None: it let go, but may not have decref'd
+    the Python object yet (it decrements the count first); False: the tensor is gone."""
+    ref, before = loan
+    tensor = ref()
+    if tensor is None:
+        return False
+    return True if _count(tensor) > before else None
+
+
+def settle(bound: float = SETTLE) -> int:
+    """Wait, up to ``bound`` seconds, until the backend's threads hold none of the lent tensors.
+
+    Returns how many they still hold (0: the exit is safe); forgets them all either way.
+    Each check releases the GIL for 1 ms: a worker waiting for it to drop a tensor gets it.
+    When a tensor that was let go is still alive, the GIL is released for ``GRACE`` more:
+    its count fell before its worker took the GIL to decref the Python object
+    (``intrusive_ptr::reset_not_null_``), and an exit that went by the count alone left
+    a moment too early (1 exit in 2 of ``lifecycle_lent.py``).
+    """
+    deadline = time.monotonic() + bound
+    loans = [loan for call in _loans for loan in call]
+    _loans.clear()
+    while True:
+        states = [_held(loan) for loan in loans]
+        if True not in states:
+            break
+        if time.monotonic() >= deadline:
+            return states.count(True)
+        time.sleep(0.001)
+    if None in states:
+        time.sleep(GRACE)
+    return 0

@@ -1,0 +1,55 @@
+"""A collective's tensors still with gloo's worker at exit (``_core/lent.py``): ``lifecycle_lent.py ROUNDS``.
+
+Each round starts 2 fresh rank processes (``tcp://``, no ``finalize``). Rank 1 issues a
+raw ``dist.all_reduce(..., async_op=True)`` that it never waits for and returns. Its last
+exit handler is ``sum(range(...))``: C code that holds the GIL for about 2 s. Rank 0
+joins the all-reduce 1 s after rank 1 issued it, by then inside that handler. So rank 1's
+gloo worker finishes the work, and needs the GIL to drop its tensor, while the main
+thread holds the GIL into Python's teardown: without tether's wait the worker is ended by
+``pthread_exit`` and the process aborts ("terminate called without an active exception",
+exit status -6), 3 times in 3 on 5000ea6's ``src``. Prints ``EXIT <round> <rank> <code>``
+and ``STDERR <round> <rank>: <line>`` (``lifecycle_common.run_pair``).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from lifecycle_common import run_pair
+
+RANK = """
+import atexit
+atexit.register(sum, range(150_000_000))  # the last exit handler: C code holding the GIL for seconds
+import sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+import tether
+
+marker = Path(@MARKER@)
+rank = int(sys.argv[2])
+tether.initialize("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
+tether.barrier()
+if rank == 1:
+    dist.all_reduce(torch.full((4,), 0.1), async_op=True)  # never waited for
+    marker.touch()
+else:
+    while not marker.exists():
+        time.sleep(0.005)
+    time.sleep(1.0)  # rank 1 is in its last exit handler by now, or (fixed) in tether's wait
+    t = torch.full((4,), 0.1)
+    dist.all_reduce(t)
+    assert abs(t[0].item() - 0.2) < 1e-6, t
+print("RETURNED", rank, flush=True)
+"""
+
+
+def main() -> None:
+    for k in range(int(sys.argv[1])):
+        with tempfile.TemporaryDirectory() as tmp:
+            run_pair(RANK.replace("@MARKER@", repr(str(Path(tmp) / "in-last-handler"))), label=f"{k} ")
+
+
+if __name__ == "__main__":
+    main()
