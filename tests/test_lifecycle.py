@@ -29,6 +29,7 @@ import pytest
 from _core import lc_events as events
 from _core import tail
 from _harness import JOBS, Result, free_port, python, run, torchrun
+from tether._core import lent
 
 BOUND = 120.0
 SPAWN_REPORT = "tether: job failed. Root cause: "
@@ -316,7 +317,33 @@ def test_an_exit_waits_until_gloo_s_worker_gave_back_a_collective_s_tensors() ->
     assert res.stdout.count("RETURNED") == 2 * rounds, res.output[-4000:]
     noise = [line for line in res.stdout.splitlines() if line.startswith("STDERR ")]
     assert noise == [], "\n".join(noise[:40])  # no "terminate called", no warning that the wait gave up
+    for waited in _waits(res):
+        assert 0.9 < waited < lent.SETTLE, res.output[-4000:]  # until the peer joined, 1 s after
     assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
+def test_an_exit_waits_at_most_2_s_for_a_work_whose_peer_never_comes_and_says_so() -> None:
+    res = python("lifecycle_lent.py", "1", "never", bound=60)
+    assert res.returncode == 0, res.output[-4000:]
+    codes = sorted(line.split() for line in res.stdout.splitlines() if line.startswith("EXIT "))
+    assert codes == [["EXIT", "0", "0", "0"], ["EXIT", "0", "1", "0"]], res.output[-4000:]
+    (waited,) = _waits(res)
+    assert lent.SETTLE <= waited < lent.SETTLE + 1.5, res.output[-4000:]
+    noise = [line for line in res.stdout.splitlines() if line.startswith("STDERR ")]
+    assert noise == [
+        "STDERR 0 1: tether: the backend's threads still hold 1 tensor(s) of a collective 2 s into the exit "
+        "(a work whose peer never came, or an async work never waited for); Python's teardown may abort "
+        "this process (SIGABRT)"
+    ], "\n".join(noise[:40])
+    assert res.leftovers == []
+
+
+def _waits(res: Result) -> list[float]:
+    """Per round, the seconds from rank 1's return to its exit handler after tether's."""
+    fields = [line.split() for line in res.stdout.splitlines()]
+    returned, after = ([float(f[2]) for f in fields if f[:2] == [event, "1"]] for event in ("RETURNED", "AFTER-TETHER"))
+    return [b - a for a, b in zip(returned, after, strict=True)]
 
 
 @pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""A collective's tensors still with gloo's worker at exit (``_core/lent.py``): ``lifecycle_lent.py ROUNDS``.
+"""A collective's tensors still with gloo's worker at exit (``_core/lent.py``): ``lifecycle_lent.py ROUNDS [never]``.
 
 Each round starts 2 fresh rank processes (``tcp://``, no ``finalize``). Rank 1 issues a
 raw ``dist.all_reduce(..., async_op=True)`` that it never waits for and returns. Its last
@@ -7,8 +7,14 @@ joins the all-reduce 1 s after rank 1 issued it, by then inside that handler. So
 gloo worker finishes the work, and needs the GIL to drop its tensor, while the main
 thread holds the GIL into Python's teardown: without tether's wait the worker is ended by
 ``pthread_exit`` and the process aborts ("terminate called without an active exception",
-exit status -6), 3 times in 3 on 5000ea6's ``src``. Prints ``EXIT <round> <rank> <code>``
-and ``STDERR <round> <rank>: <line>`` (``lifecycle_common.run_pair``).
+exit status -6), 3 times in 3 on 5000ea6's ``src``.
+
+``lifecycle_lent.py ROUNDS never``: rank 0 never joins (it exits 5 s later), and there is
+no such handler: rank 1's exit waits for the work up to ``lent.SETTLE`` and warns.
+
+Prints ``EXIT <round> <rank> <code>``, ``STDERR <round> <rank>: <line>``
+(``lifecycle_common.run_pair``), ``RETURNED <rank> <time>`` and, from an exit handler
+that runs after tether's, ``AFTER-TETHER <rank> <time>``.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from pathlib import Path
 from lifecycle_common import run_pair
 
 RANK = """
-import atexit
-atexit.register(sum, range(150_000_000))  # the last exit handler: C code holding the GIL for seconds
-import sys, time
+import atexit, os, sys, time
 from pathlib import Path
+never = @NEVER@
+if not never:
+    atexit.register(sum, range(150_000_000))  # the last exit handler: C code holding the GIL for seconds
+atexit.register(lambda: os.write(1, b"AFTER-TETHER %s %.3f\\n" % (sys.argv[2].encode(), time.time())))
 import torch, torch.distributed as dist
 import tether
 
@@ -37,18 +45,23 @@ if rank == 1:
 else:
     while not marker.exists():
         time.sleep(0.005)
-    time.sleep(1.0)  # rank 1 is in its last exit handler by now, or (fixed) in tether's wait
-    t = torch.full((4,), 0.1)
-    dist.all_reduce(t)
-    assert abs(t[0].item() - 0.2) < 1e-6, t
-print("RETURNED", rank, flush=True)
+    if never:
+        time.sleep(5.0)  # and never joins: rank 1 has exited by then
+    else:
+        time.sleep(1.0)  # rank 1 is in its last exit handler by now, or (fixed) in tether's wait
+        t = torch.full((4,), 0.1)
+        dist.all_reduce(t)
+        assert abs(t[0].item() - 0.2) < 1e-6, t
+print("RETURNED", rank, "%.3f" % time.time(), flush=True)
 """
 
 
 def main() -> None:
+    never = sys.argv[2:] == ["never"]
     for k in range(int(sys.argv[1])):
         with tempfile.TemporaryDirectory() as tmp:
-            run_pair(RANK.replace("@MARKER@", repr(str(Path(tmp) / "in-last-handler"))), label=f"{k} ")
+            program = RANK.replace("@MARKER@", repr(str(Path(tmp) / "issued")))
+            run_pair(program.replace("@NEVER@", repr(never)), label=f"{k} ")
 
 
 if __name__ == "__main__":

@@ -139,7 +139,8 @@ def _at_exit() -> None:
     if held:
         log.warning(
             "tether: the backend's threads still hold %d tensor(s) of a collective %.0f s into the exit "
-            "(an async work never waited for?); Python's teardown may abort this process (SIGABRT)",
+            "(a work whose peer never came, or an async work never waited for); Python's teardown may abort "
+            "this process (SIGABRT)",
             held,
             lent.SETTLE,
         )
