@@ -28,8 +28,10 @@ gone or back to that count, so its work was dropped, by whichever thread, while 
 could still be had; then, if one is still alive, it releases the GIL ``GRACE`` longer
 for the decref that follows the count. The wait is bounded (``SETTLE``): a work whose
 peer never comes (an async work nobody waited for) is waited for no longer, and a
-warning says so. Not covered: the works of ``isend``/``irecv`` and of DDP's reducer,
-which tether does not issue or wrap.
+warning says so. A tensor the program gave more C++ references after the call (autograd
+saving it for a backward never run) looks held too, and costs its exit that bound. Not
+covered: the works of ``isend``/``irecv`` and of DDP's reducer, which tether does not
+issue or wrap.
 
 Cost: a reference-count read before the call and a weak reference after it was issued
 (about 0.13 us a tensor, measured with ``timeit``), kept for the last ``KEPT`` calls: a
