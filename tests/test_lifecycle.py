@@ -297,7 +297,7 @@ def test_ranks_that_exit_without_finalize_end_cleanly_every_time() -> None:
     rounds = 3
     res = python("lifecycle_nofinalize.py", str(rounds), bound=100)
     assert res.returncode == 0, res.output[-4000:]
-    codes = [line.split() for line in res.stdout.splitlines() if line.startswith("EXIT ")]
+    codes = _lines(res, "EXIT")
     assert len(codes) == 2 * rounds and all(c[3] == "0" for c in codes), res.output[-4000:]
     assert res.stdout.count("RETURNED") == 2 * rounds, res.output[-4000:]
     noise = [line for line in res.stdout.splitlines() if line.startswith("STDERR ")]
@@ -308,11 +308,11 @@ def test_ranks_that_exit_without_finalize_end_cleanly_every_time() -> None:
 @pytest.mark.timeout(120)
 def test_an_exit_waits_until_gloo_s_worker_gave_back_a_collective_s_tensors() -> None:
     # rank 1's worker finishes an async all_reduce while the last exit handler holds the
-    # GIL into Python's teardown: on 5000ea6's src rank 1 aborted in 3 rounds of 3
+    # GIL into Python's teardown: on 5000ea6's src rank 1 aborted in 2 rounds of 2 (3 of 3 by hand)
     rounds = 2
     res = python("lifecycle_lent.py", str(rounds), bound=100)
     assert res.returncode == 0, res.output[-4000:]
-    codes = sorted(line.split() for line in res.stdout.splitlines() if line.startswith("EXIT "))
+    codes = sorted(_lines(res, "EXIT"))
     assert codes == [["EXIT", str(k), str(r), "0"] for k in range(rounds) for r in (0, 1)], res.output[-4000:]
     assert res.stdout.count("RETURNED") == 2 * rounds, res.output[-4000:]
     noise = [line for line in res.stdout.splitlines() if line.startswith("STDERR ")]
@@ -326,7 +326,7 @@ def test_an_exit_waits_until_gloo_s_worker_gave_back_a_collective_s_tensors() ->
 def test_an_exit_waits_at_most_2_s_for_a_work_whose_peer_never_comes_and_says_so() -> None:
     res = python("lifecycle_lent.py", "1", "never", bound=60)
     assert res.returncode == 0, res.output[-4000:]
-    codes = sorted(line.split() for line in res.stdout.splitlines() if line.startswith("EXIT "))
+    codes = sorted(_lines(res, "EXIT"))
     assert codes == [["EXIT", "0", "0", "0"], ["EXIT", "0", "1", "0"]], res.output[-4000:]
     (waited,) = _waits(res)
     assert lent.SETTLE <= waited < lent.SETTLE + 1.5, res.output[-4000:]
@@ -339,10 +339,14 @@ def test_an_exit_waits_at_most_2_s_for_a_work_whose_peer_never_comes_and_says_so
     assert res.leftovers == []
 
 
+def _lines(res: Result, word: str) -> list[list[str]]:
+    """The words of each line of a job's stdout whose first word is ``word``."""
+    return [f for f in (line.split() for line in res.stdout.splitlines()) if f[:1] == [word]]
+
+
 def _waits(res: Result) -> list[float]:
     """Per round, the seconds from rank 1's return to its exit handler after tether's."""
-    fields = [line.split() for line in res.stdout.splitlines()]
-    returned, after = ([float(f[2]) for f in fields if f[:2] == [event, "1"]] for event in ("RETURNED", "AFTER-TETHER"))
+    returned, after = ([float(f[2]) for f in _lines(res, e) if f[1] == "1"] for e in ("RETURNED", "AFTER-TETHER"))
     return [b - a for a, b in zip(returned, after, strict=True)]
 
 
@@ -353,7 +357,7 @@ def test_a_watchdog_thread_slow_to_stop_is_waited_for_before_pythons_teardown() 
     # was still running at the teardown
     res = python("lifecycle_teardown.py", bound=100)
     assert res.returncode == 0, res.output[-4000:]
-    assert sorted(line.split() for line in res.stdout.splitlines() if line.startswith("EXIT ")) == [
+    assert sorted(_lines(res, "EXIT")) == [
         ["EXIT", "0", "0"],
         ["EXIT", "1", "0"],
     ], res.output[-4000:]

@@ -15,7 +15,7 @@ exception", SIGABRT, exit status 134 or -6.
 Seen in CI on a rank that returned without ``finalize()`` (the core dump: the gloo worker
 in ``~AsyncAllreduceWork`` -> ``TensorImpl::decref_pyobject`` -> ``gil_scoped_acquire`` ->
 ``take_gil`` -> ``pthread_exit`` -> ``std::terminate``, the main thread in
-``Py_FinalizeEx``). Rare: 1 rank exit in 210 on the 2-core VM under 4 CPU hogs, where the
+``Py_FinalizeEx``). Rare: 1 rank exit in 320 on the 2-core VM under CPU hogs, where the
 worker waited for the CPU. Made certain by an async work whose peer comes while the last
 exit handler holds the GIL (``tests/jobs/lifecycle_lent.py``). ``finalize()`` is not
 exposed: destroying the group joins the worker threads before the teardown.
