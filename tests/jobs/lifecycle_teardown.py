@@ -2,7 +2,7 @@
 
 Two fresh rank processes ``tether.initialize("gloo", init_method="tcp://...")``, reduce and
 ``finalize``. Fault injection: once stopped, each rank's listener thread stays in a torch
-call (a store wait), as one left waiting for the CPU on a loaded machine does, past
+call (a store wait that a timer ends), as one left waiting for the CPU on a loaded machine does, past
 ``stop``'s 1 s join: rank 0's for 1.2 s, so that it comes out during the teardown, rank
 1's for 4 s, past the rest of ``finalize`` and the exit even on a loaded machine. Each rank
 also keeps 20,000 torch stores alive until Python's teardown, as a DDP model keeps its
@@ -36,14 +36,16 @@ from tether._core import watchdog
 rank = int(sys.argv[2])
 HOLD = 1.2 if rank == 0 else 4.0
 side = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+setter = dist.TCPStore("127.0.0.1", side.port, 1, False, timeout=datetime.timedelta(seconds=30))  # its own connection
 listen = watchdog.Watchdog._listen
 
 def slow_listen(self):
     listen(self)
-    try:
-        side.wait(["never"], datetime.timedelta(seconds=HOLD))  # the stopped listener, still in a torch call
-    except Exception:
-        pass
+    # the stopped listener, still in a torch call until a timer sets the key it waits for;
+    # not a wait that times out: c10d's timeout warning looks up the socket's host name,
+    # and a resolver that does not answer (CI, once) held the thread 10 s more
+    threading.Timer(HOLD, setter.set, ("released", "1")).start()
+    side.wait(["released"], datetime.timedelta(seconds=30))
 
 watchdog.Watchdog._listen = slow_listen
 tether.initialize("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
