@@ -2,14 +2,14 @@
 
 Two fresh rank processes ``tether.initialize("gloo", init_method="tcp://...")``, reduce and
 ``finalize``. Fault injection: once stopped, each rank's listener thread stays in a torch
-call (a store wait that a timer ends), as one left waiting for the CPU on a loaded machine does, past
-``stop``'s 1 s join: rank 0's for 1.2 s, so that it comes out during the teardown, rank
-1's for 4 s, past the rest of ``finalize`` and the exit even on a loaded machine. Each rank
-also keeps 20,000 torch stores alive until Python's teardown, as a DDP model keeps its
-process group: their destructors let go of the GIL there, the window in which a daemon
-thread coming out of a torch call aborts the process ("terminate called without an active
-exception", seen in CI). Before the fix rank 0 aborted that way (9 of 9 runs, an idle
-machine) and rank 1's listener was still running at the teardown.
+call (a store wait that a timer ends), as one left waiting for the CPU on a loaded machine
+does, past ``stop``'s 1 s join: rank 0's for 1.2 s, so that it comes out during the
+teardown, rank 1's for 4 s, past the rest of ``finalize`` and the exit even on a loaded
+machine. Each rank also keeps 20,000 torch stores alive until Python's teardown, as a
+DDP model keeps its process group: their destructors let go of the GIL there, the window
+in which a daemon thread coming out of a torch call aborts the process ("terminate called
+without an active exception", seen in CI). Before the fix rank 0 aborted that way (9 of 9
+runs, an idle machine) and rank 1's listener was still running at the teardown.
 
 Each rank prints ``TEARDOWN <rank> <tether threads still running>`` from an ``atexit``
 function registered before tether's (so it runs after it, right before the teardown); the
