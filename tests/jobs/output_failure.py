@@ -6,7 +6,8 @@ Rank 1 raises inside ``one_rank_first(rank=1)``, called from ``main`` through
 ``prepare``: the report's traceback must start at the user's ``main``. Every other rank
 waits for it there and stops with one line. With ``OUTPUT_SLOW_ATEXIT=S`` every other
 rank's ``atexit`` takes S seconds (a logger's flush), so torchrun's SIGTERM, sent 0.1 s
-after rank 1 exits, lands while the victim is ending.
+after rank 1 exits, lands while the victim is ending; it prints ``SLOW_ATEXIT <time>``
+as it starts.
 """
 
 import atexit
@@ -23,6 +24,11 @@ def prepare() -> None:
             raise RuntimeError("download failed 0.1 on rank 1")
 
 
+def slow_atexit(seconds: float) -> None:
+    print(f"SLOW_ATEXIT {time.time()}", flush=True)
+    time.sleep(seconds)
+
+
 def main(local_rank: int = 0) -> None:
     prepare()
     idist.barrier()
@@ -34,7 +40,7 @@ if __name__ == "__main__":
             parallel.run(main)
     else:
         if os.environ.get("OUTPUT_SLOW_ATEXIT") and os.environ["RANK"] != "1":
-            atexit.register(time.sleep, float(os.environ["OUTPUT_SLOW_ATEXIT"]))  # runs after tether's
+            atexit.register(slow_atexit, float(os.environ["OUTPUT_SLOW_ATEXIT"]))  # runs after tether's
         idist.initialize("gloo")
         main()
         idist.finalize()

@@ -7,10 +7,18 @@ The driver starts ranks 0 and 1 of a 3-rank job with torchrun's variables (rank 
 comes, so both wait inside ``init_process_group``), and SIGKILLs rank 1 once it waits
 there. tether watches the creation, so rank 0 learns that rank 1 is lost and its ladder
 ends it within ``grace``; before, it waited for the store's timeout (5 minutes).
+
+The kill waits until both ranks registered with tether's channel (the pids record on the
+store): a rank killed before that never existed for tether, like rank 2. On this machine
+that takes well under the 1.5 s the driver used to sleep instead; with a resolver that
+never answers, c10d's reverse lookup of each new store connection (``socket.cpp``) makes
+it about 10 s per connection.
 """
 
+import datetime
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +34,22 @@ def rank_main(rank: int, port: int) -> None:
     emit("initializing", rank=rank, time=time.time())
     tether.initialize("gloo", grace=GRACE)
     emit("initialized", rank=rank)  # never: rank 2 does not come
+
+
+def registered(port: int, within: float) -> None:
+    """Wait until ranks 0 and 1 are in tether's pids record on the job's store."""
+    from torch.distributed import TCPStore
+
+    from tether._core.channel import Channel
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=within))
+    key = Channel.make_prefix(f"env-{port}-r0", 1) + f"pids/{socket.gethostname()}"  # _env.py's job id
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if store.check([key]) and {"0", "1"} <= {e.split(":")[0] for e in store.get(key).decode().split(",") if e}:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"ranks 0 and 1 did not register within {within} s")
 
 
 def driver() -> None:
@@ -48,7 +72,8 @@ def driver() -> None:
         line = proc.stdout.readline()
         sys.stdout.write(line)
         assert '"initializing"' in line, line
-    time.sleep(1.5)  # both registered with the channel and wait in init_process_group for rank 2
+    registered(port, within=50.0)
+    time.sleep(0.5)  # and both went on into init_process_group, waiting for rank 2
     procs[1].send_signal(signal.SIGKILL)
     killed = time.time()
     procs[1].wait()
