@@ -54,17 +54,20 @@ charged to all, and the ratio measures the guard itself (and the per-instance ``
 wrapper, which only the guarded and tether-hooked models have).
 
 Noise: every contender is warmed up first (past DDP's bucket rebuild at its second
-iteration). Then contenders are interleaved step by step: each *round* of a model starts
-aligned on an untimed ``dist.barrier()`` and runs ``--steps`` times (default 50 for the
-~1 MB model, 10 for the ~100 MB one; 20 rounds) one step of every contender in turn, in
-an order rotated from round to round (the order of the two models swapped every other
-round), each step timed on its own; a contender's cost per step in a round is its summed
-step time divided by the step count, of the slowest rank. Interleaving whole batches
-instead (one contender's 10 steps, then the next's) let the machine's load drift between
-the batches of a round: the control's ratio IQR was about +-4%. Longer rounds narrow the
-small model's ratios: with ``--steps 200 3`` the control's IQR was 0.964-1.030x /
-0.979-1.044x at 2 / 4 ranks (``results/ddp-small200.md``), against 0.852-0.999x /
-0.940-1.040x with 50 steps (``results/ddp.md``), at four times the small model's time.
+iteration). Then each *round* of a model starts aligned on an untimed ``dist.barrier()``
+and runs ``--steps`` steps of every contender (default 200 for the ~1 MB model, 4 for the
+~100 MB one; 20 rounds) in blocks of ``--block`` consecutive steps (default 5 and 1), one
+block of each contender in turn, in an order shuffled from round to round (the same on
+every rank) and reversed every other pass (the order of the two models swapped every other
+round); a contender's cost per step in a round is its summed block time divided by the
+step count, of the slowest rank. Why blocks, and why shuffled (``results/ddp-interleave.md``,
+2 ranks, the ~1 MB model): interleaved step by step in an order rotated from round to
+round, as this benchmark did before, a second plain DDP measured 1.045x (IQR 1.017-1.061)
+of the first, a bias between identical contenders from which one ran before which, and
+tether's guard 1.089x; in blocks of 5 steps in shuffled order, the control 0.997x
+(0.982-1.021) and the guard 0.994x (0.945-1.008). A training loop runs one model's steps
+back to back, as a block does: what a step leaves behind (freed memory, a worker thread's
+late work) lands on its own model's next step, not on another contender's.
 The table gives each contender's median over rounds with its interquartile range (IQR, %
 of the median), and the ratio to plain DDP as the median of the per-round ratios (the
 batches of a round ran side by side, under the same load) with their quartiles. A target
@@ -83,6 +86,7 @@ import argparse
 import copy
 import json
 import os
+import random
 import resource
 import statistics
 import sys
@@ -144,7 +148,7 @@ class _Contender:
         self.opt.zero_grad()
 
 
-def worker(rounds: int, quick: bool, steps: dict[str, int], pin: bool) -> None:
+def worker(rounds: int, quick: bool, steps: dict[str, int], blocks: dict[str, int], pin: bool) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -181,7 +185,8 @@ def worker(rounds: int, quick: bool, steps: dict[str, int], pin: bool) -> None:
         groups.append([_Contender(m, x, y) for m in contenders])
         params = sum(p.numel() for p in net.parameters())
         nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
-        models.append({"model": name, "params": params, "bytes": nbytes, "batch": batch, "steps": steps[name]})
+        info = {"model": name, "params": params, "bytes": nbytes, "batch": batch}
+        models.append({**info, "steps": steps[name], "block": blocks[name]})
     for group in groups:  # warm up every path (gloo's connections, DDP's bucket rebuild)
         for c in group:
             for _ in range(WARMUP):
@@ -193,20 +198,20 @@ def worker(rounds: int, quick: bool, steps: dict[str, int], pin: bool) -> None:
     for r in range(rounds):
         model_order = [0, 1] if (r // 2) % 2 == 0 else [1, 0]
         for m in model_order:
-            k = r % len(everyone)
-            who_order = everyone[k:] + everyone[:k]  # rotated from round to round
-            if r % 2:
-                who_order.reverse()
-            n = models[m]["steps"]
+            who_order = list(everyone)
+            random.Random(r * 2 + m).shuffle(who_order)  # the same order on every rank: the same seed
+            n, block = models[m]["steps"], models[m]["block"]
             spent = [0.0] * len(everyone)
             faulted = [0] * len(everyone)
             dist.barrier()
-            # one step of each contender in turn, n times: they share every moment's load
-            for _ in range(n):
-                for who in who_order:
+            # a block of steps of each contender in turn, there and back: they share the round's load
+            for b in range(n // block):
+                for who in who_order if b % 2 == 0 else reversed(who_order):
+                    contender = groups[m][who]
                     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     t0 = time.perf_counter()
-                    groups[m][who].step()
+                    for _ in range(block):
+                        contender.step()
                     spent[who] += time.perf_counter() - t0
                     faulted[who] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             for who in everyone:
@@ -270,7 +275,9 @@ def _label(model: dict[str, Any]) -> str:
     return f"{model['model']} ({model['params'] / 1e6:.2f}M params, {mb:.1f} MB, batch {model['batch']})"
 
 
-def run_world(n: int, rounds: int, quick: bool, steps: dict[str, int], bound: float, pin: bool) -> dict[str, Any]:
+def run_world(
+    n: int, rounds: int, quick: bool, steps: dict[str, int], blocks: dict[str, int], bound: float, pin: bool
+) -> dict[str, Any]:
     import _proc
 
     args = _proc.torchrun(
@@ -282,6 +289,9 @@ def run_world(n: int, rounds: int, quick: bool, steps: dict[str, int], bound: fl
         "--steps",
         str(steps["small"]),
         str(steps["large"]),
+        "--block",
+        str(blocks["small"]),
+        str(blocks["large"]),
         *(["--quick"] if quick else []),
         *([] if pin else ["--no-pin"]),
         launcher=("--monitor_interval", "0.1"),
@@ -383,7 +393,15 @@ def main() -> None:
         nargs=2,
         default=None,
         metavar=("SMALL", "LARGE"),
-        help="steps per timed batch for the ~1 MB and the ~100 MB model (default 50 10; 10 3 with --quick)",
+        help="steps of each contender per round, ~1 MB and ~100 MB model (default 200 4; 50 2 with --quick)",
+    )
+    parser.add_argument(
+        "--block",
+        type=int,
+        nargs=2,
+        default=(5, 1),
+        metavar=("SMALL", "LARGE"),
+        help="consecutive steps of one contender, ~1 MB and ~100 MB model (default 5 1; divides --steps)",
     )
     parser.add_argument("--quick", action="store_true", help="fewer rounds and steps, a ~25 MB 'large' model")
     parser.add_argument(
@@ -399,10 +417,13 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 20)
-    small_steps, large_steps = args.steps or ((10, 3) if args.quick else (50, 10))
+    small_steps, large_steps = args.steps or ((50, 2) if args.quick else (200, 4))
     steps = {"small": small_steps, "large": large_steps}
+    blocks = {"small": args.block[0], "large": args.block[1]}
+    if any(b < 1 or steps[name] % b for name, b in blocks.items()):
+        parser.error(f"--block {args.block[0]} {args.block[1]} must divide --steps {small_steps} {large_steps}")
     if args.worker:
-        worker(rounds, args.quick, steps, args.pin)
+        worker(rounds, args.quick, steps, blocks, args.pin)
         return
 
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
@@ -416,7 +437,7 @@ def main() -> None:
         # a hang guard, not an estimate: a large-model step took ~0.55 s at 4 ranks on 2 cores
         # (a small-model one ~1/50 of that); this allows 0.5 s per rank per step, ~4x that
         bound = 300 + 0.5 * n * (len(KEYS) * rounds * (steps["large"] + steps["small"] / 20) + 2 * WARMUP)
-        results.append(run_world(n, rounds, args.quick, steps, bound, args.pin))
+        results.append(run_world(n, rounds, args.quick, steps, blocks, bound, args.pin))
         end = os.getloadavg()[0]
         elapsed = time.monotonic() - t0
         loads[n] = (quiet, end)
@@ -447,10 +468,12 @@ def main() -> None:
             + ".",
             "",
             f"ms per training step (forward, MSE loss, backward, SGD step, zero_grad), median of {rounds} "
-            f"interleaved rounds of {steps['small']} (small) / {steps['large']} (large) steps per batch, slowest "
-            "rank per batch; IQR = interquartile range in % of the median; ratio = median of the per-round ratios "
-            "vs plain DDP, with their quartiles in parentheses. Every contender runs in the same processes, and "
-            "each passes through tether's process-wide `torch.autograd.backward` wrapper (see the module docstring).",
+            f"interleaved rounds of {steps['small']} (small) / {steps['large']} (large) steps of each contender, "
+            f"in blocks of {blocks['small']} / {blocks['large']} consecutive steps, the contenders' order shuffled "
+            "from round to round; slowest rank per round; IQR = interquartile range in % of the median; "
+            "ratio = median of the per-round ratios vs plain DDP, with their quartiles in parentheses. "
+            "Every contender runs in the same processes, and each passes through tether's process-wide "
+            "`torch.autograd.backward` wrapper (see the module docstring).",
             "",
             table(results),
             "",
