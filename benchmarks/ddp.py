@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/ddp.py                          # 2 and 4 ranks, ~20 minutes on 2 cores
+    python benchmarks/ddp.py                          # 2 and 4 ranks, ~12 minutes on 2 cores
     python benchmarks/ddp.py --ranks 2 --quick --out /tmp/ddp-trial
 
 Results go to ``--out`` + ``.md`` (the table) and + ``.json`` (the raw samples), by
