@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/checkpoint_step.py                    # 2 and 4 ranks, ~15 minutes on 2 cores
+    python benchmarks/checkpoint_step.py                    # 2 and 4 ranks, ~16 minutes on 2 cores
     python benchmarks/checkpoint_step.py --ranks 2 --rounds 4 --out /tmp/ckpt-trial
 
 Results go to ``--out`` + ``.md`` and + ``.json``, by default
@@ -31,9 +31,11 @@ step, zero_grad) of one contender:
 The writer process of commit 74b90a5 was a third contender here until it was reverted
 (``benchmarks/results/checkpoint-writer-process.md``).
 
-Warm-up: a 15-step block of each (one save, at step 10). Then ``--rounds`` rounds of one
-block of each, their order rotating from round to round; each block starts on an
-untimed ``dist.barrier()``; each step is timed on every rank, and a block's time is the
+Warm-up: a 15-step block of each (one save, at step 10). Then ``--rounds`` rounds of
+``--passes`` passes (default 2), a pass one block of each contender, in an order shuffled
+from round to round (the same seed on every rank) and reversed every other pass (A B C,
+C B A: a drift linear over the round weighs on each contender alike); each block starts
+on an untimed ``dist.barrier()``; each step is timed on every rank, and a block's time is the
 slowest rank's sum of its steps (``ckpt.wait()`` at its end is charged to its last step).
 The figure is the median of the per-round ratios with their quartiles; a target is *met*
 when the upper quartile is within it. Before each world size the driver waits until the
@@ -41,6 +43,9 @@ when the upper quartile is within it. Before each world size the driver waits un
 
 The VM drifts: a block's ratio moved by ±4-18 % from round to round on 2026-12-02, with
 the control's as wide, and 50-step blocks did not narrow it (``checkpoint-step-b50.md``).
+Until commit 9edd5df each round ran one block of each contender in an order rotated from
+round to round; ``ddp.py`` found such an order biased between identical contenders
+(``results/ddp-interleave.md``), hence the shuffled order and the passes.
 So the steps are also read one by one: *where a save's cost lands* gives, for each step
 since the last save, the median over rounds of its excess over its round's plain median
 step, on rank 0 (the saver), and their sum, the cost of one save in ms; and, immune to
@@ -53,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -67,7 +73,7 @@ BLOCK = 20  # steps per block (--block): saves at its 5th and 15th step (every=1
 WARMUP = 15
 
 
-def worker(rounds: int, out: str, steps: int) -> None:
+def worker(rounds: int, out: str, steps: int, passes: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -113,16 +119,20 @@ def worker(rounds: int, out: str, steps: int) -> None:
     per_step: dict[str, list[list[float]]] = {name: [] for name, _ in contenders}
     since: list[int] = []  # the every10 blocks' steps since their last save, in order (the same every round)
     for r in range(rounds):
-        for name, block in contenders[r % 3 :] + contenders[: r % 3]:  # each first, second, third in turn
-            times: list[float] = []
-            dist.barrier()
-            block(steps, times, since if name == "every10" and r == 0 else [])
-            per_step[name].append(times)
+        order = list(contenders)
+        random.Random(r).shuffle(order)  # the same order on every rank: the same seed
+        times: dict[str, list[float]] = {name: [] for name, _ in contenders}  # a round's steps, its passes in turn
+        for p in range(passes):
+            for name, block in order if p % 2 == 0 else order[::-1]:
+                dist.barrier()
+                block(steps, times[name], since if name == "every10" and r == 0 else [])
+        for name, _ in contenders:
+            per_step[name].append(times[name])
     mine = torch.tensor([per_step[name] for name, _ in contenders], dtype=torch.float64) * 1e3
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
     if rank == 0:
-        blocks = torch.stack(every).sum(3).amax(0) / steps  # each rank's block: its steps summed; the slowest rank's
+        blocks = torch.stack(every).sum(3).amax(0) / (steps * passes)  # each rank's round summed; the slowest's
         result = {f"{name}_ms": blocks[i].tolist() for i, (name, _) in enumerate(contenders)}
         # one rank's steps, the saver's: summed they are its block (the slowest rank per step would
         # count a delay twice: the saver's snapshot, then the others' wait for it in the next step)
@@ -133,13 +143,14 @@ def worker(rounds: int, out: str, steps: int) -> None:
     tether.finalize()
 
 
-def run_world(n: int, rounds: int, steps: int) -> dict[str, Any]:
+def run_world(n: int, rounds: int, steps: int, passes: int) -> dict[str, Any]:
     import _proc
 
     with tempfile.TemporaryDirectory(prefix="tether-ckpt-step-") as out:
-        args = _proc.torchrun(n, __file__, "--worker", "--rounds", str(rounds), "--block", str(steps), "--dir", out)
+        shape = ("--rounds", str(rounds), "--block", str(steps), "--passes", str(passes))
+        args = _proc.torchrun(n, __file__, "--worker", *shape, "--dir", out)
         # a hang guard: a step took ~0.5 s at 4 ranks on 2 cores; this allows ~4x that
-        done = _proc.run(args, 300 + 2.0 * n * (3 * rounds + 3) * steps / 4, env={"OMP_NUM_THREADS": "1"})
+        done = _proc.run(args, 300 + 2.0 * n * (3 * rounds * passes + 3) * steps / 4, env={"OMP_NUM_THREADS": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{n} ranks: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -239,6 +250,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
     parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds (default 12)")
     parser.add_argument("--block", type=int, default=BLOCK, help=f"steps a block (default {BLOCK}; 10: one save)")
+    parser.add_argument("--passes", type=int, default=2, help="blocks of each contender a round (default 2)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint-step", help="OUT.md and OUT.json")
     _proc.add_driver_options(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -247,7 +259,7 @@ def main() -> None:
     if args.block % 10:
         parser.error("--block: a multiple of 10 (every block then starts at the same step of the save cycle)")
     if args.worker:
-        worker(args.rounds, args.dir, args.block)
+        worker(args.rounds, args.dir, args.block, args.passes)
         return
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
     library = [_proc.library_state()]
@@ -255,7 +267,7 @@ def main() -> None:
     for n in args.ranks:
         quiet = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
         t0 = time.monotonic()
-        results.append(run_world(n, args.rounds, args.block))
+        results.append(run_world(n, args.rounds, args.block, args.passes))
         end = os.getloadavg()[0]
         loads.append(f"{n} ranks: {quiet.describe()}, {end:.2f} at end ({time.monotonic() - t0:.0f} s)")
         print(f"[{loads[-1]}]", flush=True)
@@ -272,8 +284,9 @@ def main() -> None:
             _proc.describe_library(*library),
             "Load (1-minute average) at the start of each world size, after waiting for it to drop below "
             f"{args.wait_load:g}, and at its end: " + "; ".join(loads) + ".",
-            f"ms per step, median of {args.rounds} rounds of one {args.block}-step block of each contender (order "
-            "rotating), the slowest rank's sum of its steps; IQR = interquartile range in % of the "
+            f"ms per step, median of {args.rounds} rounds of {args.passes} passes, a pass one {args.block}-step "
+            "block of each contender (order shuffled per round, reversed every other pass), the slowest rank's "
+            "sum of its steps in the round; IQR = interquartile range in % of the "
             "median; ratio = median of "
             f"the per-round ratios with their quartiles. A block with saves holds {args.block // 10} of them and "
             "ends with `ckpt.wait()`, inside its time (see the module docstring).",
