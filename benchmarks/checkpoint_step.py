@@ -35,15 +35,16 @@ Warm-up: a 15-step block of each (one save, at step 10). Then ``--rounds`` round
 ``--passes`` passes (default 2), a pass one block of each contender, in an order shuffled
 from round to round (the same seed on every rank) and reversed every other pass (A B C,
 C B A: a drift linear over the round weighs on each contender alike); each block starts
-on an untimed ``dist.barrier()``; each step is timed on every rank, and a block's time is the
-slowest rank's sum of its steps (``ckpt.wait()`` at its end is charged to its last step).
+on an untimed ``dist.barrier()``; each step is timed on every rank, and a contender's time
+in a round is the slowest rank's sum of its steps there (``ckpt.wait()`` at a block's end
+is charged to the block's last step).
 The figure is the median of the per-round ratios with their quartiles; a target is *met*
 when the upper quartile is within it. Before each world size the driver waits until the
 1-minute load average is below ``--wait-load``.
 
 The VM drifts: a block's ratio moved by ±4-18 % from round to round on 2026-12-02, with
 the control's as wide, and 50-step blocks did not narrow it (``checkpoint-step-b50.md``).
-Until commit 9edd5df each round ran one block of each contender in an order rotated from
+Before commit 9f96b0d each round ran one block of each contender in an order rotated from
 round to round; ``ddp.py`` found such an order biased between identical contenders
 (``results/ddp-interleave.md``), hence the shuffled order and the passes.
 So the steps are also read one by one: *where a save's cost lands* gives, for each step
