@@ -14,7 +14,8 @@ How: a UDP and a TCP socket bound to 127.0.0.53:53 that read nothing and answer 
 and the command run in a mount namespace of its own (``unshare -m``) whose
 ``/etc/resolv.conf`` names only that server. Needs root (the mount namespace and port 53);
 the host's own resolver is left alone. Measured with it (2026-12-04, 2 cores): the default
-suite took 1612 s and failed 2 tests, both since made independent of the connection time.
+suite took 1612 s and failed 2 tests, both since made independent of the connection time;
+after that (at commit cb2031c) it passed whole: 348 passed, 89 skipped in 1627 s.
 """
 
 from __future__ import annotations
