@@ -67,7 +67,8 @@ of the first, a bias between identical contenders from which one ran before whic
 tether's guard 1.089x; in blocks of 5 steps in shuffled order, the control 0.997x
 (0.982-1.021) and the guard 0.994x (0.945-1.008). A training loop runs one model's steps
 back to back, as a block does: what a step leaves behind (freed memory, a worker thread's
-late work) lands on its own model's next step, not on another contender's.
+late work, the likely cause of the bias) lands on its own model's next step, not on
+another contender's.
 The table gives each contender's median over rounds with its interquartile range (IQR, %
 of the median), and the ratio to plain DDP as the median of the per-round ratios (the
 batches of a round ran side by side, under the same load) with their quartiles. A target
