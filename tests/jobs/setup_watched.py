@@ -43,10 +43,10 @@ def registered(port: int, within: float) -> None:
     from tether._core.channel import Channel
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=within))
-    key = Channel.make_prefix(f"env-{port}-r0", 1) + f"pids/{socket.gethostname()}"  # _env.py's job id
+    channel = Channel(store, Channel.make_prefix(f"env-{port}-r0", 1), -1, 3)  # _env.py's job id; a reader only
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if store.check([key]) and {"0", "1"} <= {e.split(":")[0] for e in store.get(key).decode().split(",") if e}:
+        if {0, 1} <= channel.host_pids(socket.gethostname()).keys():
             return
         time.sleep(0.05)
     raise AssertionError(f"ranks 0 and 1 did not register within {within} s")
