@@ -12,11 +12,28 @@ twice with torchrun's variables, one ``NCCL_HOSTID`` each), killed at ``--timeou
   its future is done while ``work.is_completed()`` is still false (why tether polls).
 * (b) ``tether_waits``: ``tether.all_reduce`` on a CUDA tensor, peer 2 s late: it does not
   return before the GPU finished (``is_completed()``), and the sum is right.
-* (c) ``peer_raises``: rank 1 raises while rank 0 is blocked in ``tether.all_reduce``:
-  rank 0 raises ``PeerFailure`` naming rank 1 within 5 s.
+* (c) ``peer_raises``: after one all-reduce together, rank 1 raises while rank 0 waits in
+  ``tether.all_reduce``: rank 0 raises ``PeerFailure`` naming rank 1 within 0.5 s of it
+  (the polled wait wakes at once).
+* (c') ``peer_raises_first``: the same in the communicator's *first* collective, where NCCL
+  blocks the issue itself while it connects the ranks: rank 0 raises ``PeerFailure``
+  naming rank 1 (not NCCL's "internal error") once the ladder's abort (``grace / 2``) ends
+  the issue, within 5 s of the start, and exits without a signal.
+* (c'') ``stall_timeout``: ``sync_timeout=2``; rank 1 sleeps 10 s outside tether while
+  rank 0 waits in ``tether.all_reduce``: rank 0 raises ``SyncTimeout`` naming rank 1
+  within ``sync_timeout + grace`` s.
 * (d) ``abort_bound``: rank 1 raises while rank 0 is blocked *outside* tether
-  (``dist.all_reduce`` then ``torch.cuda.synchronize()``): the watchdog aborts NCCL's
-  communicator and, whether or not the abort returns, rank 0 ends within ``grace + 2`` s.
+  (``dist.all_reduce`` then ``torch.cuda.synchronize()``): torch's watchdog or tether's
+  ladder aborts NCCL's communicator; whether or not the abort returns, rank 0 ends within
+  ``grace + 2`` s, and without a signal; its next tether call raises the failure.
+* (e) ``ddp_grads``: one backward of a plain DDP and of one guarded by
+  ``tether.register_comm_hook`` (~32 MB of ``Linear`` layers, different data per rank),
+  rank 1 reaching backward 2 s late: rank 0's gradients equal plain DDP's. NCCL completes
+  the hook's future at enqueue, so a future handed to the reducer without the work's CUDA
+  events lets the reducer copy the bucket before it was reduced (the ``ddp.py`` fix).
+* (f) ``ddp_peer_raises``: rank 1 raises at step 3 of a loop over ``tether.auto_model``'s
+  DDP; rank 0, whose CPU runs ahead of NCCL, ends within ``grace + 2`` s, and the job's
+  output holds rank 1's error.
 
 Prints one PASS/FAIL line per check, writes them to ``--out`` with the date and the GPU,
 and exits 1 on any FAIL, 2 when it cannot run, 0 otherwise.
@@ -25,19 +42,35 @@ and exits 1 on any FAIL, 2 when it cannot run, 0 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-CHECKS = ("raw_future", "tether_waits", "peer_raises", "abort_bound")
+if TYPE_CHECKING:
+    import torch
+
+CHECKS = (
+    "raw_future",
+    "tether_waits",
+    "peer_raises",
+    "peer_raises_first",
+    "stall_timeout",
+    "abort_bound",
+    "ddp_grads",
+    "ddp_peer_raises",
+)
 LATE = 2.0  # seconds rank 1 joins late in (a) and (b)
-GRACE = 3.0  # the watchdog's grace in (d)
+GRACE = 3.0  # the watchdog's grace in (c'), (d) and (f)
+SYNC_TIMEOUT = 2.0  # (c'')
 
 
 def _say(event: str, **data: object) -> None:
@@ -53,7 +86,9 @@ def rank_main(check: str) -> None:
 
     import tether
 
-    tether.initialize("nccl", grace=GRACE)
+    # under torchrun every rank gets the same environment: one NCCL "host" per rank, as in run_job
+    os.environ.setdefault("NCCL_HOSTID", f"tether-check-{os.environ['LOCAL_RANK']}")
+    tether.initialize("nccl", grace=GRACE, sync_timeout=SYNC_TIMEOUT if check == "stall_timeout" else None)
     rank = tether.get_rank()
     device = tether.device()
     _say("device", rank=rank, device=str(device), hostid=os.environ.get("NCCL_HOSTID"))
@@ -76,22 +111,107 @@ def rank_main(check: str) -> None:
         assert isinstance(out, torch.Tensor)
         if rank == 0:
             _say("tether_waits", took=took, total=float(out[:4].sum().item()))
-    elif check in ("peer_raises", "abort_bound"):
+    elif check in ("peer_raises", "peer_raises_first", "stall_timeout", "abort_bound"):
+        if check != "peer_raises_first":
+            tether.all_reduce(t)  # the communicator's first collective, together: its channels connect
+        if rank == 1 and check == "stall_timeout":
+            time.sleep(10.0)
+            return
         if rank == 1:
             time.sleep(1.0)
             raise RuntimeError("rank 1 failed on purpose")
         start = time.monotonic()
         _say("blocked", rank=rank, time=time.time())
         try:
-            if check == "peer_raises":
+            if check != "abort_bound":
                 tether.all_reduce(t)
             else:
                 dist.all_reduce(t)
                 torch.cuda.synchronize()
+                _say("returned", rank=rank, took=time.monotonic() - start)  # torch's own abort ends the kernel
+                tether.barrier()  # the next tether call raises the failure
         except BaseException as exc:
             _say("raised", rank=rank, exc=type(exc).__name__, msg=str(exc)[:300], took=time.monotonic() - start)
             raise
+    elif check == "ddp_grads":
+        _ddp_grads(rank, device)
+    elif check == "ddp_peer_raises":
+        _ddp_peer_raises(rank, device)
     tether.finalize()
+
+
+def _layers(device: torch.device) -> torch.nn.Module:
+    import torch
+
+    torch.manual_seed(0)  # the same weights on both ranks
+    return torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).to(device)
+
+
+def _synchronize(device: torch.device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ddp_grads(rank: int, device: torch.device) -> None:
+    import copy
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import tether
+
+    net = _layers(device)
+    ids = None if device.type == "cpu" else [device.index]  # cpu: a smoke test of this check on gloo
+    plain = DistributedDataParallel(copy.deepcopy(net), device_ids=ids)
+    guarded = DistributedDataParallel(copy.deepcopy(net), device_ids=ids)
+    tether.register_comm_hook(guarded)
+    torch.manual_seed(1 + rank)  # different data per rank: an unreduced gradient differs from the mean
+    x = torch.randn(256, 1024, device=device)
+    took = {}
+    for name, model in (("plain", plain), ("guarded", guarded)):
+        loss = model(x).square().mean()
+        _synchronize(device)
+        if rank == 1:
+            time.sleep(LATE)
+        start = time.monotonic()
+        loss.backward()
+        took[name] = round(time.monotonic() - start, 4)
+        _synchronize(device)
+    pairs = [(a.grad, b.grad) for a, b in zip(plain.parameters(), guarded.parameters(), strict=True)]
+    diff = max(float((a - b).abs().max()) for a, b in pairs if a is not None and b is not None)
+    scale = max(float(a.abs().max()) for a, _ in pairs if a is not None)
+    bitwise = all(a is not None and b is not None and torch.equal(a, b) for a, b in pairs)
+    _say("ddp_grads", rank=rank, max_diff=diff, grad_scale=scale, bitwise=bitwise, backward_s=took)
+
+
+def _ddp_peer_raises(rank: int, device: torch.device) -> None:
+    import torch
+
+    import tether
+
+    model = tether.auto_model(_layers(device))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(1 + rank)
+    x = torch.randn(256, 1024, device=device)
+    start = time.monotonic()
+    try:
+        for step in range(6):
+            if step == 3:
+                start = time.monotonic()
+                _say("blocked", rank=rank, time=time.time())
+                if rank == 1:
+                    time.sleep(1.0)
+                    raise RuntimeError("rank 1 failed on purpose at step 3")
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            _say("step", rank=rank, step=step, loss=loss.item())  # .item() waits for the GPU
+    except BaseException as exc:
+        _say("raised", rank=rank, exc=type(exc).__name__, msg=str(exc)[:300], took=time.monotonic() - start)
+        raise
 
 
 # --- the driver -------------------------------------------------------------------------
@@ -103,8 +223,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_job(check: str, timeout: float) -> tuple[list[dict[str, object]], str, list[int | None], float]:
+_TORCHRUN_CODE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def run_job(check: str, timeout: float, launcher: str) -> tuple[list[dict[str, object]], str, list[int | None], float]:
     """Two ranks of this script; returns their NCCL events, output, exit codes and wall time."""
+    if launcher == "torchrun":
+        return _run_torchrun(check, timeout)
     port = _free_port()
     procs = []
     start = time.monotonic()
@@ -143,15 +268,52 @@ def run_job(check: str, timeout: float) -> tuple[list[dict[str, object]], str, l
         outputs.append(out)
     took = time.monotonic() - start
     text = "\n".join(outputs)
-    events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("NCCL {")]
-    return events, text, codes, took
+    return _events(text), text, codes, took
+
+
+def _run_torchrun(check: str, timeout: float) -> tuple[list[dict[str, object]], str, list[int | None], float]:
+    """The job under torchrun (each rank picks its ``NCCL_HOSTID`` from ``LOCAL_RANK``); the
+    ranks' exit codes are read from torchrun's failure summary (a rank not in it exited 0)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command += ["--master-addr", "127.0.0.1", "--master-port", str(_free_port()), __file__, "--rank-main", check]
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        text, _ = proc.communicate(timeout=timeout)
+        listed = {int(r): int(c) for r, c in _TORCHRUN_CODE.findall(text)}
+        codes: list[int | None] = [listed.get(r, 0) for r in range(2)]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+        codes = [None, None]
+    took = time.monotonic() - start
+    return _events(text), text, codes, took
+
+
+def _events(text: str) -> list[dict[str, object]]:
+    """Every ``NCCL {...}`` event in ``text``, also where two ranks' lines ran into each other."""
+    decoder, events, at = json.JSONDecoder(), [], text.find("NCCL {")
+    while at >= 0:
+        with contextlib.suppress(ValueError):
+            events.append(decoder.raw_decode(text, at + 5)[0])
+        at = text.find("NCCL {", at + 5)
+    return events
 
 
 def _event(events: list[dict[str, object]], name: str) -> dict[str, object]:
     return next((e for e in events if e["event"] == name), {})
 
 
-def judge(check: str, events: list[dict[str, object]], codes: list[int | None], took: float) -> tuple[bool, str]:
+def _no_signal(code: int | None) -> bool:
+    return code is not None and code >= 0  # ended, and not by a signal (SIGABRT at teardown: -6)
+
+
+def judge(
+    check: str, events: list[dict[str, object]], codes: list[int | None], took: float, text: str
+) -> tuple[bool, str]:
     if check == "raw_future":
         e = _event(events, "raw_future")
         ok = e.get("future_done") is True and e.get("completed") is False
@@ -161,14 +323,34 @@ def judge(check: str, events: list[dict[str, object]], codes: list[int | None], 
         took_s, total = float(e.get("took", 0.0)), e.get("total")  # type: ignore[arg-type]
         ok = took_s >= LATE - 0.5 and total == 8.0 and codes == [0, 0]
         return ok, f"tether.all_reduce returned after {took_s:.2f} s (peer {LATE:g} s late), sum {total}, codes {codes}"
-    e = _event(events, "raised")
-    if check == "peer_raises":
+    if check == "ddp_grads":
+        e = next((e for e in events if e["event"] == "ddp_grads" and e["rank"] == 0), {})
+        diff, scale = float(e.get("max_diff", 99.0)), float(e.get("grad_scale", 0.0))  # type: ignore[arg-type]
+        ok = diff <= 1e-6 * max(scale, 1e-30) and codes == [0, 0]
+        return ok, (
+            f"rank 0: guarded vs plain DDP gradients max |diff| {diff:.3g} (largest gradient {scale:.3g}), "
+            f"bitwise {e.get('bitwise')}, backward {e.get('backward_s')} s (peer {LATE:g} s late); codes {codes}"
+        )
+    e = next((e for e in events if e["event"] == "raised" and e["rank"] == 0), {})
+    if check == "ddp_peer_raises":
+        ok = _no_signal(codes[0]) and took < 1.0 + GRACE + 2.0 + 20.0 and "failed on purpose" in text
+        how = f"raised {e.get('exc')} after {e.get('took')} s: {str(e.get('msg'))[:120]}" if e else "no exception seen"
+        cause = "failed on purpose" in text
+        return ok, f"rank 0 {how}; exit codes {codes}; job took {took:.1f} s (grace {GRACE:g} s); cause shown: {cause}"
+    if check in ("peer_raises", "peer_raises_first", "stall_timeout"):
         took_s = float(e.get("took", 99.0))  # type: ignore[arg-type]
-        ok = e.get("exc") == "PeerFailure" and "rank 1" in str(e.get("msg")) and took_s < 5.0
-        return ok, f"rank 0 raised {e.get('exc')} after {took_s:.2f} s: {str(e.get('msg'))[:120]}; codes {codes}"
-    ended = codes[0] is not None
-    ok = ended and took < 1.0 + GRACE + 2.0 + 15.0  # start-up included: generous for NCCL's init
-    how = f"raised {e.get('exc')} after {float(e.get('took', 0.0)):.2f} s" if e else "no exception seen"  # type: ignore[arg-type]
+        want, within = {
+            "peer_raises": ("PeerFailure", 1.0 + 0.5),  # rank 1 raises 1 s in
+            "peer_raises_first": ("PeerFailure", 5.0),
+            "stall_timeout": ("SyncTimeout", SYNC_TIMEOUT + GRACE),
+        }[check]
+        ok = e.get("exc") == want and "rank 1" in str(e.get("msg")) and took_s < within and _no_signal(codes[0])
+        return ok, f"rank 0 raised {e.get('exc')} after {took_s:.2f} s: {str(e.get('msg'))[:160]}; codes {codes}"
+    ok = _no_signal(codes[0]) and took < 1.0 + GRACE + 2.0 + 15.0  # start-up included: generous for NCCL's init
+    back = next((r for r in events if r["event"] == "returned" and r["rank"] == 0), {})
+    how = f"raised {e.get('exc')} after {e.get('took')} s" if e else "no exception seen"
+    if back:
+        how = f"returned from the raw wait after {back.get('took')} s, then {how}"
     return ok, f"rank 0 {how}; exit codes {codes}; job took {took:.1f} s (grace {GRACE:g} s)"
 
 
@@ -177,6 +359,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--checks", nargs="+", default=list(CHECKS), choices=CHECKS)
+    parser.add_argument(
+        "--launcher",
+        choices=("torchrun", "plain"),
+        default="torchrun",
+        help="torchrun (tether owns the ranks: a failed rank ends with os._exit) or plain processes "
+        "with torchrun's variables (Python's teardown runs)",
+    )
+    parser.add_argument("--log", type=Path, default=None, help="every job's whole output, appended")
     args = parser.parse_args()
     today = datetime.date.today().isoformat()
     import torch
@@ -186,15 +376,18 @@ def main() -> int:
         return 2
     gpu = torch.cuda.get_device_name(0)
     versions = f"torch {torch.__version__}; NCCL {torch.cuda.nccl.version()}"
-    lines = [f"# NCCL check, {today}", "", f"GPU: {gpu}; {versions}", ""]
+    lines = [f"# NCCL check, {today}", "", f"GPU: {gpu}; {versions}; launcher: {args.launcher}", ""]
     failed = False
     for check in args.checks:
-        events, text, codes, took = run_job(check, args.timeout)
+        events, text, codes, took = run_job(check, args.timeout, args.launcher)
         if "Duplicate GPU" in text:
             print(f"CANNOT RUN ({today}): NCCL refused two ranks on one GPU even with NCCL_HOSTID:")
             print(text[-2000:])
             return 2
-        ok, detail = judge(check, events, codes, took)
+        ok, detail = judge(check, events, codes, took, text)
+        if args.log is not None:
+            with args.log.open("a") as log:
+                log.write(f"===== {check}: codes {codes}, {took:.1f} s\n{text}\n")
         failed = failed or not ok
         line = f"{'PASS' if ok else 'FAIL'} ({check}) {detail}"
         print(line, flush=True)

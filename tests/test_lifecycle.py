@@ -353,6 +353,21 @@ def test_an_exit_waits_at_most_2_s_for_a_work_whose_peer_never_comes_and_says_so
     assert res.leftovers == []
 
 
+@pytest.mark.timeout(120)
+def test_an_exit_does_not_wait_for_finished_calls_whose_tensors_the_program_keeps() -> None:
+    # DDP's constructor broadcasts the parameters (a raw call) and its reducer keeps them:
+    # on e820c40's src every such exit waited lent.SETTLE and warned that a work was held
+    res = python("lifecycle_lent.py", "1", "ddp", bound=60)
+    assert res.returncode == 0, res.output[-4000:]
+    codes = sorted(_lines(res, "EXIT"))
+    assert codes == [["EXIT", "0", "0", "0"], ["EXIT", "0", "1", "0"]], res.output[-4000:]
+    noise = _stderr(res)
+    assert noise == [], "\n".join(noise[:40])
+    (waited,) = _waits(res)
+    assert waited < lent.SETTLE / 2, res.output[-4000:]
+    assert res.leftovers == []
+
+
 def _lines(res: Result, word: str) -> list[list[str]]:
     """The words of each line of a job's stdout whose first word is ``word``."""
     return [f for f in (line.split() for line in res.stdout.splitlines()) if f[:1] == [word]]

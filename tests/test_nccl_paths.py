@@ -110,6 +110,22 @@ def test_a_peer_failure_ends_a_wait_on_nccl_in_bound() -> None:
 
 
 @pytest.mark.timeout(BOUND + 30)
+def test_a_peer_failure_while_nccl_blocks_in_the_issue_is_the_peers_failure() -> None:
+    res = python("nccl_paths.py", "issue_blocks", bound=BOUND)
+    assert res.elapsed < BOUND and res.returncode == 7, res.output[-3000:]
+    (e,) = lc_events(res, "raised")
+    # before: NCCL's DistBackendError out of the issue went through untranslated (seen on a GPU)
+    assert (e["rank"], e["exc"], e.get("failing")) == (0, "PeerFailure", 1), e
+    (waited,) = lc_events(res, "waited")
+    assert waited["cause"] == "DistBackendError", waited  # chained to the backend's error
+    assert waited["elapsed"] < 0.3 + 2.0, waited  # rank 1 raised 0.3 s in; the ladder aborts at grace / 2
+    assert "RuntimeError: rank 1 broke while rank 0 issued its all_reduce" in res.stderr, res.stderr[-3000:]
+    (launcher,) = lc_events(res, "launcher")
+    assert launcher["exit_codes"] == {"0": 3, "1": 1}
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(BOUND + 30)
 def test_a_wait_on_nccl_times_out_on_every_rank() -> None:
     res = python("nccl_paths.py", "waits_timeout", bound=BOUND)
     assert res.elapsed < BOUND and res.returncode == 7, res.output[-3000:]

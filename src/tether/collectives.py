@@ -1,7 +1,7 @@
 """The data-plane collectives: ``all_reduce``, ``all_gather``, ``broadcast`` and friends.
 
 Type conversion lives here, once (the checks in ``_checks.py``); every wait goes through
-``waits.wait_work``, so a collective returns as soon as a failure anywhere is known.
+``waits.run_work``, so a collective returns as soon as a failure anywhere is known.
 
 * Numbers keep their Python type and precision: an int travels as int64, a float as
   float64 (as ignite's ``all_reduce``/``all_gather``), a complex as complex128, a bool
@@ -38,12 +38,37 @@ from ._core.context import Context
 from ._core.group import Group
 from ._core.runtime import current
 from ._core.verdicts import mismatch_of
-from ._core.waits import in_call, wait_work
+from ._core.waits import in_call, run_work
 from .backends import REDUCE_OPS
 
 
-def _run(ctx: Context, work: Any, group: Group, signature: str, timeout: float | None) -> None:
-    wait_work(ctx, work, group, signature, timeout)
+def _run(
+    ctx: Context,
+    issue: Callable[..., Any],
+    args: tuple[Any, ...],
+    lent_tensors: list[torch.Tensor],
+    members: Group,
+    signature: str,
+    timeout: float | None,
+    **kwargs: Any,
+) -> None:
+    """Issue ``issue(*args, **kwargs)``, an async collective, and wait for it (``waits.run_work``).
+
+    ``lent_tensors`` are the tensors the backend's threads hold until the work is dropped
+    (``_core/lent.py``): counted before the issue, lent once it was made, returned once
+    the wait did.
+    """
+    found = lent.counted(lent_tensors)
+    loan: lent.Call | None = None
+
+    def issued() -> Any:
+        nonlocal loan
+        work = issue(*args, **kwargs)
+        loan = lent.lend(found)
+        return work
+
+    run_work(ctx, issued, members, signature, timeout)
+    lent.returned(loan)
 
 
 T = TypeVar("T")
@@ -123,10 +148,7 @@ def _agree(
     rows = torch.empty(len(group.members), _FRAME_BYTES, dtype=torch.uint8, device=device)
     ctx.check()
     outs = list(rows.unbind(0))
-    found = lent.counted([mine, *outs])
-    work = c10d.all_gather(outs, mine, group=group.pg, async_op=True)
-    lent.lend(found)
-    _run(ctx, work, group, signature, timeout)
+    _run(ctx, c10d.all_gather, (outs, mine), [mine, *outs], group, signature, timeout, group=group.pg, async_op=True)
     signatures = rows[:, :_SIGNATURE_BYTES]
     if not _read(ctx, (signatures == signatures[0]).all(), _item):
         named = _read(ctx, signatures, _tolist)
@@ -236,17 +258,17 @@ def all_reduce(
         backend = c10d.get_backend(members.pg) if members.pg is not None else ctx.backend.backend()
         _checks.check_op_on_backend(op, backend)
     t = _staged(ctx, tensor) if isinstance(tensor, torch.Tensor) else _number(tensor, ctx.backend.comm_device())
+    signature = f"all_reduce({op}, {_describe(t)})"
     if ctx.settings.check_collectives:
-        _agree(ctx, members, f"all_reduce({op}, {_describe(t)})", timeout)
+        _agree(ctx, members, signature, timeout)
     ctx.check()  # never send into a job that already failed: the work would outlive the rank
-    found = lent.counted((t,))
     if type(tensor) in _PLAIN:  # tether's own 0-d tensor: straight to the group (see _OPTIONS)
-        work = (members.pg if members.pg is not None else ctx.pg).allreduce([t], allreduce_options(op))
+        pg = members.pg if members.pg is not None else ctx.pg
+        _run(ctx, pg.allreduce, ([t], allreduce_options(op)), [t], members, signature, timeout)
     else:
-        work = c10d.all_reduce(t, REDUCE_OPS[op], group=members.pg, async_op=True)
-    # what follows the issue overlaps the transfer; only the checks above delay it
-    lent.lend(found)
-    _run(ctx, work, members, f"all_reduce({op}, {_describe(t)})", timeout)
+        _run(
+            ctx, c10d.all_reduce, (t, REDUCE_OPS[op]), [t], members, signature, timeout, group=members.pg, async_op=True
+        )
     if isinstance(tensor, torch.Tensor):
         return _fill(tensor, t)
     return cast(float, _read(ctx, t, _item))
@@ -263,10 +285,8 @@ def _gather_tensor(
             return inline.contiguous().view(t.dtype).reshape(len(members.members) * t.shape[0], *t.shape[1:])
     out = [torch.empty_like(t) for _ in members.members]
     ctx.check()
-    found = lent.counted([t, *out])
-    work = c10d.all_gather(out, t, group=members.pg, async_op=True)
-    lent.lend(found)
-    _run(ctx, work, members, f"{signature}({_describe(t)})", timeout)  # built while the data moves
+    signature = f"{signature}({_describe(t)})"
+    _run(ctx, c10d.all_gather, (out, t), [t, *out], members, signature, timeout, group=members.pg, async_op=True)
     return torch.cat(out, dim=0)
 
 
@@ -481,10 +501,8 @@ def broadcast(
                         t.copy_(inline[members.members.index(src)].view(t.dtype).reshape(t.shape))
                 return t
         ctx.check()
-        found = lent.counted((t,))
-        work = c10d.broadcast(t, src=src, group=members.pg, async_op=True)
-        lent.lend(found)
-        _run(ctx, work, members, f"broadcast(src={src}, {what})", timeout)  # built while the data moves
+        signature = f"broadcast(src={src}, {what})"
+        _run(ctx, c10d.broadcast, (t,), [t], members, signature, timeout, src=src, group=members.pg, async_op=True)
         return t
 
     def send_bytes(data: bytes, what: str) -> bytes:

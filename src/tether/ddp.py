@@ -147,21 +147,33 @@ class _TetherHook:
         self.__qualname__ = self.__name__ = f"tether_hook({getattr(inner, '__name__', 'allreduce')})"
 
     def __call__(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
         if self._inner is not None:
-            return _guard(self._ctx, self._inner(state, bucket), first=False)
+            return _guard(self._ctx, self._inner(state, bucket), buffer.device, first=False)
         placed = None if self._views is None else self._views.place(bucket, self._size)
-        tensor = bucket.buffer().div_(self._size) if placed is None else placed  # _grad_views.py
+        tensor = buffer.div_(self._size) if placed is None else placed  # _grad_views.py
         work = self._group.allreduce([tensor], _SUM).get_future()  # what DDP's C++ hook calls
-        return _guard(self._ctx, work, first=True)  # its value is a list: unpacked in settle (one hop less)
+        return _guard(self._ctx, work, buffer.device, first=True)  # a list's future: unpacked in settle
 
 
-def _guard(ctx: Context, work: torch.futures.Future[Any], first: bool) -> torch.futures.Future[Any]:
+def _guard(
+    ctx: Context, work: torch.futures.Future[Any], device: torch.device, first: bool
+) -> torch.futures.Future[Any]:
     """``work``'s result (its first item, if ``first``), in a future this rank's watchdog fails
-    when a failure is delivered, or when ``sync_timeout`` expires first."""
+    when a failure is delivered, or when ``sync_timeout`` expires first.
+
+    On a GPU the future must carry ``device``: a future made without devices records no CUDA
+    event when it completes, so the reducer, reading it on its own stream, would copy the
+    bucket into the gradients before the backend's stream had reduced it (NCCL completes
+    ``work`` at enqueue). Completed inside ``work``'s callback, whose current stream waits
+    for ``work``'s events, it records an event the reducer's stream then waits for, as a
+    ``then()`` child does (``benchmarks/nccl_check.py``, check ``ddp_grads``).
+    """
     watchdog = ctx.watchdog
     if watchdog is None:  # no failure channel (one process): nothing can fail it
         return work.then(_first) if first else work
-    parent: torch.futures.Future[Any] = torch.futures.Future()
+    devices: list[torch.device | str | int] | None = None if device.type == "cpu" else [device]
+    parent: torch.futures.Future[Any] = torch.futures.Future(devices=devices)
     failables = watchdog.failables
 
     def settle(done: torch.futures.Future[Any]) -> None:

@@ -12,6 +12,11 @@ exit status -6), 3 times in 3 on 5000ea6's ``src``.
 ``lifecycle_lent.py ROUNDS never``: rank 0 never joins (it exits 5 s later), and there is
 no such handler: rank 1's exit waits for the work up to ``lent.SETTLE`` and warns.
 
+``lifecycle_lent.py ROUNDS ddp``: both ranks build a ``DistributedDataParallel`` (its
+constructor broadcasts the parameters through a raw call, and its reducer keeps them),
+train one step, and return 2.5 s later: the exit must not wait for those finished calls
+(it waited 2 s and warned, on e820c40's ``src``).
+
 Prints ``EXIT <round> <rank> <code>``, ``STDERR <round> <rank>: <line>``
 (``lifecycle_common.run_pair``), ``RETURNED <rank> <time>`` and, from an exit handler
 that runs after tether's, ``AFTER-TETHER <rank> <time>``.
@@ -56,12 +61,31 @@ print("RETURNED", rank, "%.3f" % time.time(), flush=True)
 """
 
 
+DDP_RANK = """
+import atexit, os, sys, time
+atexit.register(lambda: os.write(1, b"AFTER-TETHER %s %.3f\\n" % (sys.argv[2].encode(), time.time())))
+import torch
+from torch.nn.parallel import DistributedDataParallel
+import tether
+
+rank = int(sys.argv[2])
+tether.initialize("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
+model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)))
+model(torch.full((4, 8), 0.1)).sum().backward()
+time.sleep(2.5 + 0.3 * rank)  # the constructor's calls finished more than lent.SETTLE ago; rank 1 prints last
+print("RETURNED", rank, "%.3f" % time.time(), flush=True)
+"""
+
+
 def main() -> None:
-    never = sys.argv[2:] == ["never"]
+    mode = sys.argv[2:3]
     for k in range(int(sys.argv[1])):
         with tempfile.TemporaryDirectory() as tmp:
+            if mode == ["ddp"]:
+                run_pair(DDP_RANK, label=f"{k} ")
+                continue
             program = RANK.replace("@MARKER@", repr(str(Path(tmp) / "issued")))
-            run_pair(program.replace("@NEVER@", repr(never)), label=f"{k} ")
+            run_pair(program.replace("@NEVER@", repr(mode == ["never"])), label=f"{k} ")
 
 
 if __name__ == "__main__":

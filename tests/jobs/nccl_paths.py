@@ -13,6 +13,11 @@ object that behaves as NCCL's does, and an abort that hangs.
   raise ``PeerFailure`` naming rank 1.
 * ``waits_timeout``: the work never completes; rank 0 waits with ``timeout=1``. Both ranks
   raise ``SyncTimeout``.
+* ``issue_blocks``: rank 0's ``tether.all_reduce`` blocks in the *issue*, as a NCCL
+  communicator's first collective does while it connects the ranks (seen on a GPU), until
+  the ladder aborts the communicator; the issue then raises NCCL's ``DistBackendError``
+  ("internal error"). Rank 1 raises 0.3 s in. Rank 0 must raise ``PeerFailure`` naming
+  rank 1, chained to the backend's error, not that error.
 * ``finalize_abort_hangs``: rank 1 raises; rank 0 catches ``PeerFailure`` and calls
   ``finalize()`` with an abort that never returns: finalize must return within the abort's
   budget.
@@ -34,7 +39,7 @@ from lifecycle_common import emit, raised
 import tether
 from tether._core.group import Group
 from tether._core.runtime import current
-from tether._core.waits import wait_work
+from tether._core.waits import run_work
 
 HOW = sys.argv[1]
 COMPLETES_AFTER = 0.4
@@ -83,13 +88,44 @@ def waits(local_rank: int) -> None:
     work = FakeNcclWork(COMPLETES_AFTER if HOW == "waits_finish" else None)
     start = time.monotonic()
     try:
-        wait_work(ctx, work, world, "all_reduce(SUM, float32[4])", 1.0 if HOW == "waits_timeout" else None, polled=True)
+        timeout = 1.0 if HOW == "waits_timeout" else None
+        run_work(ctx, lambda: work, world, "all_reduce(SUM, float32[4])", timeout, polled=True)
     except BaseException as exc:
         emit("waited", rank=rank, elapsed=time.monotonic() - start, polls=work.polls)
         raised(rank, exc)
         raise
     emit("waited", rank=rank, elapsed=time.monotonic() - start, polls=work.polls)
     tether.barrier()
+
+
+def issue_blocks(local_rank: int) -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    rank = tether.get_rank()
+    tether.barrier()
+    if rank == 1:
+        time.sleep(0.3)
+        raise RuntimeError("rank 1 broke while rank 0 issued its all_reduce")
+    watchdog = current().watchdog
+    assert watchdog is not None
+    aborted = threading.Event()
+    watchdog._abort = aborted.set  # the communicator's abort: what ends NCCL's blocking issue
+
+    def connecting(*args: Any, **kwargs: Any) -> Any:  # NCCL connecting its ranks at the first collective
+        aborted.wait(30.0)
+        raise dist.DistBackendError(
+            "NCCL error in: ProcessGroupNCCL.cpp:3780, internal error - please report this issue"
+        )
+
+    c10d.all_reduce = connecting
+    start = time.monotonic()
+    try:
+        tether.all_reduce(torch.ones(4))
+    except BaseException as exc:
+        emit("waited", rank=rank, elapsed=time.monotonic() - start, cause=type(exc.__cause__).__name__)
+        raised(rank, exc)
+        raise
 
 
 def finalize_abort_hangs(local_rank: int) -> None:
@@ -137,7 +173,12 @@ if __name__ == "__main__":
     if HOW == "keeps_world":
         keeps_world()
         sys.exit(0)
-    fn = {"finalize_abort_hangs": finalize_abort_hangs, "ladder_abort_hangs": ladder_abort_hangs}.get(HOW, waits)
+    jobs = {
+        "issue_blocks": issue_blocks,
+        "finalize_abort_hangs": finalize_abort_hangs,
+        "ladder_abort_hangs": ladder_abort_hangs,
+    }
+    fn = jobs.get(HOW, waits)
     try:
         tether.spawn("gloo", fn, (), nproc_per_node=2, grace=2.0)
     except tether.JobFailed as exc:

@@ -115,7 +115,8 @@ def register_atexit() -> None:
 def _at_exit() -> None:
     """Before Python's teardown: no tether thread may still be inside a torch call.
 
-    A process that never called ``finalize`` retires its context here. One that a SIGTERM
+    A process that never called ``finalize`` retires its context here, and after a failure
+    aborts its NCCL communicators as ``finalize`` would. One that a SIGTERM
     is ending (``Terminated`` reached the top) posts the stop, as ``finalize`` would,
     rather than a clean exit, and an owned one then ends at once (see ``_end_stopped``).
     Then the rank waits until the backend's threads have given back the tensors of the
@@ -135,6 +136,13 @@ def _at_exit() -> None:
             return
         ctx.leaving = "exited without finalize()"
         retire(ctx, leave=True)
+        if ctx.failed and ctx.owns_group:
+            # as finalize() after a failure: NCCL's communicators aborted (within ABORT_BUDGET)
+            # before Python's teardown (seen on a GPU, a plain process: a rank that raised
+            # PeerFailure at once, its all-reduce left pending, crashed there with SIGSEGV;
+            # aborted here, it exited 1). Not enough where the abort came earlier, mid-work:
+            # docs/nccl.md, "Known limits".
+            ctx.backend.shutdown(clean=False)
     held = lent.settle()
     if held:
         log.warning(

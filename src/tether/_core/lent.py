@@ -29,8 +29,15 @@ could still be had; then, if one is still alive, it releases the GIL ``GRACE`` l
 for the decref that follows the count. The wait is bounded (``SETTLE``): a work whose
 peer never comes (an async work nobody waited for) is waited for no longer, and a
 warning says so. A tensor the program gave more C++ references after the call (autograd
-saving it for a backward never run) looks held too, and costs its exit that bound. Not
-covered: the works of ``isend``/``irecv`` and of DDP's reducer, which tether does not
+saving it for a backward never run) looks held too: DDP's parameters, which its
+constructor broadcasts through a raw call and its reducer then keeps, cost every DDP job
+2 s and a false warning at exit (seen on gloo and on NCCL). So a call whose work is known
+done (a blocking raw call that returned, a tether collective whose wait returned) is
+waited for only until ``SETTLE`` seconds after it was done: a worker drops a finished
+work within its loop's next few microseconds, and references still there after that are
+the program's. A work that may still be in flight (an async raw work, a call that
+raised) is waited for by its count alone, and only such a work is the warning's subject.
+Not covered: the works of ``isend``/``irecv`` and of DDP's reducer, which tether does not
 issue or wrap.
 
 Cost: a reference-count read before the call and a weak reference after it was issued
@@ -54,7 +61,23 @@ GRACE = 0.02  # seconds of GIL hand-offs an exit gives a worker that let go of a
 
 Loan = tuple["weakref.ref[torch.Tensor]", int]
 Counted = list[tuple[torch.Tensor, int]]
-_loans: collections.deque[tuple[Loan, ...]] = collections.deque(maxlen=KEPT)
+
+
+class Call:
+    """The tensors one call lent, and when its work was known done (None: maybe in flight)."""
+
+    __slots__ = ("done_at", "loans")
+
+    def __init__(self, loans: tuple[Loan, ...], done_at: float | None) -> None:
+        self.loans = loans
+        self.done_at = done_at
+
+    def settled(self, now: float) -> bool:
+        """Done ``SETTLE`` seconds ago: the backend's threads dropped its work long since."""
+        return self.done_at is not None and now - self.done_at >= SETTLE
+
+
+_calls: collections.deque[Call] = collections.deque(maxlen=KEPT)
 
 
 def _count(tensor: torch.Tensor) -> int:
@@ -75,10 +98,20 @@ def counted_args(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Counted:
     return found
 
 
-def lend(found: Counted) -> None:
-    """Note ``found``'s tensors, just handed to a backend by a call that was made."""
-    if found:
-        _loans.append(tuple((weakref.ref(t), n) for t, n in found))
+def lend(found: Counted, done: bool = False) -> Call | None:
+    """Note ``found``'s tensors, just handed to a backend by a call that was made; ``done``:
+    its work is finished (else tell ``returned`` once it is)."""
+    if not found:
+        return None
+    call = Call(tuple((weakref.ref(t), n) for t, n in found), time.monotonic() if done else None)
+    _calls.append(call)
+    return call
+
+
+def returned(call: Call | None) -> None:
+    """``call``'s work is finished: its wait returned."""
+    if call is not None:
+        call.done_at = time.monotonic()
 
 
 def _held(loan: Loan) -> bool | None:
@@ -95,6 +128,7 @@ def settle(bound: float = SETTLE) -> int:
     """Wait, up to ``bound`` seconds, until the backend's threads hold none of the lent tensors.
 
     Returns how many they still hold (0: the exit is safe); forgets them all either way.
+    A call whose work was done ``SETTLE`` seconds ago is not waited for (see above).
     Each check releases the GIL for 1 ms: a worker waiting for it to drop a tensor gets it.
     When a tensor that was let go is still alive, the GIL is released for ``GRACE`` more:
     its count fell before its worker took the GIL to decref the Python object
@@ -102,10 +136,11 @@ def settle(bound: float = SETTLE) -> int:
     a moment too early (1 exit in 2 of ``lifecycle_lent.py``).
     """
     deadline = time.monotonic() + bound
-    loans = [loan for call in _loans for loan in call]
-    _loans.clear()
+    calls = list(_calls)
+    _calls.clear()
     while True:
-        states = [_held(loan) for loan in loans]
+        now = time.monotonic()
+        states = [_held(loan) for call in calls if not call.settled(now) for loan in call.loans]
         if True not in states:
             break
         if time.monotonic() >= deadline:

@@ -198,10 +198,13 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         found = lent.counted_args(args, kwargs)
+        done = False
         try:
-            return _outside(call, signature, original, args, kwargs)
+            result = _outside(call, signature, original, args, kwargs)
+            done = not isinstance(result, dist.Work)  # a blocking call returned: its work is finished
+            return result
         finally:
-            lent.lend(found)  # also an async work's: it is the caller's, the exit still waits for it
+            lent.lend(found, done)  # also an async work's: it is the caller's, the exit still waits for it
 
     if name not in _MAKES_GROUPS:
         return wrapper

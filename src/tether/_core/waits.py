@@ -58,7 +58,15 @@ from .context import Context
 from .group import Group, tag
 from .hooks import Terminated
 from .record import error_from_record
-from .verdicts import expire, explain_backend_error, failure_behind_stop, left_behind, mismatch, warn_stall
+from .verdicts import (
+    expire,
+    explain_backend_error,
+    failure_behind_stop,
+    is_backend_error,
+    left_behind,
+    mismatch,
+    warn_stall,
+)
 from .watchdog import ABORT, EXPIRED
 
 log = logging.getLogger("tether")
@@ -241,10 +249,24 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
 # --- collectives ------------------------------------------------------------------------
 
 
-def wait_work(
-    ctx: Context, work: Any, group: Group, signature: str, timeout: float | None, *, polled: bool | None = None
+def run_work(
+    ctx: Context,
+    issue: Callable[[], Any],
+    group: Group,
+    signature: str,
+    timeout: float | None,
+    *,
+    polled: bool | None = None,
 ) -> None:
-    """Wait for an async collective; return when it is done, raise when a failure is known.
+    """Issue an async collective (``issue()`` returns its work) and wait for it; return when
+    it is done, raise when a failure is known.
+
+    The issue is part of the wait, under this rank's whereabouts: on NCCL a communicator's
+    first collective connects its ranks on the calling thread, so the issue blocks until
+    every member issued it, in C++, where only the ladder's abort ends it (seen on one
+    GPU, ``benchmarks/results/nccl.md``: a peer 2 s late held the issue 2 s). The error the
+    abort makes the issue raise ("NCCL error ... internal error") gets the true story, as
+    one out of the wait does.
 
     Args:
         polled: wait by polling ``work.is_completed()`` (see ``_wait_polled``); None: when
@@ -255,6 +277,12 @@ def wait_work(
     if polled is None:
         polled = ctx.backend.completes_at_enqueue
     with in_call(ctx, f"{signature} {tag(group, seq)}"):
+        try:
+            work = issue()
+        except RuntimeError as exc:
+            if isinstance(exc, TetherError) or (ctx.watchdog.failure is None and not is_backend_error(exc)):
+                raise  # the caller's own error (gloo checks its arguments as it issues)
+            raise ctx.watchdog.taken(explain_backend_error(ctx, group, exc)) from exc
         if polled:
             _wait_polled(ctx, work, group, seq, signature, timeout)
         else:
