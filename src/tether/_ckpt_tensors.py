@@ -60,9 +60,14 @@ class Arena:
         self._map: mmap.mmap | None = None
         self._bytes = torch.empty(0, dtype=torch.uint8)
         self.used = 0  # bytes the last pack filled
+        self.pending: list[tuple[Slot, torch.Tensor, int]] = []  # left by pack for copy_pending: slot, tensor, version
 
-    def pack(self, state: Any) -> Any:
-        """A copy of ``state`` whose dense tensors are copied into the buffer, as ``Slot``s."""
+    def pack(self, state: Any, later: set[int] | None = None) -> Any:
+        """A copy of ``state`` whose dense tensors are copied into the buffer, as ``Slot``s.
+
+        A tensor whose ``data_ptr()`` is in ``later`` is not copied now but left, with its
+        version, to ``copy_pending``.
+        """
         placed: list[tuple[Slot, torch.Tensor]] = []
         skeleton = _place(state, placed)
         self.used = placed[-1][0].offset + placed[-1][0].nbytes if placed else 0
@@ -70,10 +75,23 @@ class Arena:
         if size > len(self._bytes):
             self._map = mmap.mmap(-1, size)  # anonymous memory: page-aligned, as O_DIRECT needs
             self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+        self.pending = []
         with torch.no_grad():
             for slot, tensor in placed:
-                _view(self._bytes, slot).copy_(tensor)
+                if later is not None and tensor.data_ptr() in later:
+                    self.pending.append((slot, tensor, tensor._version))
+                else:
+                    _view(self._bytes, slot).copy_(tensor)
         return skeleton
+
+    def copy_pending(self) -> bool:
+        """Copy the tensors ``pack`` left; False when one changed in place since ``pack``
+        (its version moved, so the copy may hold a later value, or part of one)."""
+        pending, self.pending = self.pending, []
+        with torch.no_grad():
+            for slot, tensor, _ in pending:
+                _view(self._bytes, slot).copy_(tensor)  # the GIL is left to training meanwhile
+        return all(tensor._version == version for _, tensor, version in pending)
 
     def write(self, path: Path) -> dict[str, Any]:
         """The packed bytes to a new file at ``path``, flushed; what the manifest records of it."""

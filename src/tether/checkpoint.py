@@ -25,9 +25,18 @@ step, rank)``: any rank's random state at any step is a function of the position
 resumed run draws what the uninterrupted one drew, although no survivor can save the
 random state of a rank that died (``seed=None`` turns this off). After it, every
 ``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
-Python's, NumPy's) and rank 0 saves a periodic checkpoint: the state is copied in memory
-on the main thread, then written by a background thread (the step goes on; the process
-waits for it before it exits, so the save of a run's last step is not lost). A thread, not
+Python's, NumPy's) and rank 0 saves a periodic checkpoint: the state is copied in memory,
+then written by a background thread (the step goes on; the process waits for it before
+it exits, so the save of a run's last step is not lost). What only the optimizers in
+``objects`` change (the parameters they step, their state) is copied by that thread,
+while the next step's forward and backward run: that step's ``optimizer.step()`` first
+waits until the copy is done (a step pre-hook). The rest (buffers, which a forward can
+change; the scheduler's, a sampler's state) is copied on the training thread. A copied
+tensor that changed in place meanwhile (its version moved: code outside
+``optimizer.step()`` changed a parameter before the next step did) drops that save, with
+a warning, and later saves copy everything on the training thread. Changes through
+``.data`` move no version: between a saving step's end and the next ``optimizer.step()``
+change parameters through the optimizer or with ``torch.no_grad()``, not ``.data``. A thread, not
 a process: ``torch.save`` leaves the GIL to the training thread while it writes, and a
 writer process, tried, did not change the step time
 (``benchmarks/results/checkpoint-writer-process.md``). A resume from
@@ -166,6 +175,9 @@ class Checkpointer:
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
         self._writer: threading.Thread | None = None
+        self._copied = threading.Event()  # the writer's copy of what the optimizers change is done
+        self._copied.set()
+        self._eager = False  # a deferred copy saw its tensor change: copy everything at once from now on
         self._arena = _tensors.Arena()  # the snapshot's tensors, one buffer reused save after save
         self._foreign: list[str] = []
         self._sharded = _sharded_name(self.objects)  # a sharded module's name: saves go through DCP
@@ -263,6 +275,7 @@ class Checkpointer:
     # --- saving ---------------------------------------------------------------------------
 
     def _before_optimizer_step(self, *_: Any) -> None:
+        self._copied.wait()  # a periodic save's copy of what this step changes (milliseconds, most often 0)
         self._in_optimizer_step = True
 
     def _after_optimizer_step(self, *_: Any) -> None:
@@ -301,19 +314,33 @@ class Checkpointer:
             ctx.channel.announce_emergency(f"failed: {err}", 0.0)
             sys.stderr.write(f"tether: rank {rank} could not save an emergency checkpoint: {err}\n")
 
-    def _snapshot(self, position: Position, randomness: Any = None) -> dict[str, Any]:
+    def _snapshot(self, position: Position, randomness: Any = None, later: bool = False) -> dict[str, Any]:
         """A copy of every object's state, taken on the training thread (call after ``wait``).
 
         Its tensors are copied into the arena (``_ckpt_tensors``), which the writer has
-        finished with before the next snapshot (``wait``).
+        finished with before the next snapshot (``wait``); with ``later``, those only the
+        optimizers change are left to the writer (``Arena.copy_pending``).
         """
         objects = {name: obj.state_dict() for name, obj in self.objects.items()}
         state = {"objects": objects, "position": dataclasses.asdict(position), "random": randomness}
-        return self._arena.pack(state)  # type: ignore[no-any-return]
+        stepped = self._stepped_by_optimizers() if later and not self._eager else None
+        return self._arena.pack(state, stepped)  # type: ignore[no-any-return]
+
+    def _stepped_by_optimizers(self) -> set[int]:
+        """Where the tensors only the optimizers change live: their parameters and state."""
+        found: set[int] = set()
+        for opt in self._optimizers:
+            for group in opt.param_groups:
+                found.update(p.data_ptr() for p in group["params"])
+            for per_param in opt.state.values():
+                found.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
+        return found
 
     def _save_async(self, position: Position, randomness: Any) -> None:
         self.wait()
-        state = self._snapshot(position, randomness)  # on this thread: the state of this very step
+        state = self._snapshot(position, randomness, later=True)  # this very step's state (see the docstring)
+        if self._arena.pending:
+            self._copied.clear()
         world = current().backend.topology.world_size
         # not a daemon: a script that ends right after a save (its last step) must not lose
         # it. Python joins such a thread before it exits, as tether.spawn's worker does; a
@@ -324,7 +351,24 @@ class Checkpointer:
         self._writer.start()
 
     def _write_behind(self, state: dict[str, Any], position: Position, world: int) -> None:
-        """The periodic save's thread: it yields the CPU to training (Linux: a thread has its own nice)."""
+        """The periodic save's thread: the copy the next optimizer step waits for, then the
+        write, yielding the CPU to training (Linux: a thread has its own nice)."""
+        try:
+            intact = self._arena.copy_pending()
+        except Exception as exc:
+            log.warning("tether: the periodic checkpoint of step %d failed: %s", position.step, exc)
+            return
+        finally:
+            self._copied.set()
+        if not intact:
+            self._eager = True
+            log.warning(
+                "tether: the periodic checkpoint of step %d was dropped: a parameter or optimizer state changed in "
+                "place outside optimizer.step() before it was copied; later saves copy everything on the training "
+                "thread",
+                position.step,
+            )
+            return
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:

@@ -4,6 +4,7 @@
     python checkpoint_cases.py lowest OUT                (4 ranks, tether.spawn)
     python checkpoint_cases.py last OUT                  (2 ranks, tether.spawn)
     torchrun --nproc-per-node 2 checkpoint_cases.py last OUT
+    python checkpoint_cases.py deferred quiet|meddle OUT  (2 ranks, tether.spawn)
 
 * ``random``: every rank starts from its own seeds and uses ``seed=None`` (no per-step
   seeding), so only the random states a periodic checkpoint saved can carry randomness
@@ -16,6 +17,12 @@
 * ``last``: the ~100 MB model of ``benchmarks/resume.py --big``; the loop's last step is a
   periodic save, and the function (the script, under torchrun) ends at once, with no
   ``ckpt.wait()``. The save must be complete on disk when the job has ended.
+* ``deferred``: ~50 MB of parameters and as much SGD momentum, a save after every step,
+  and each step's ``optimizer.step()`` is the first thing after the previous step's save:
+  it must wait until the writer copied what it changes. Rank 0 records its state at the
+  end of each step and, after the last, compares every checkpoint with it (``checked``).
+  ``meddle``: right after step 2's save began, a parameter is changed in place outside
+  ``optimizer.step()``: that save must be dropped (never saved with the change in it).
 """
 
 import os
@@ -91,6 +98,46 @@ def last_case(local_rank: int, out: str) -> None:
     emit("trained", rank=tether.get_rank(), step=ckpt.position.step)
 
 
+def deferred_case(local_rank: int, mode: str, out: str) -> None:
+    from tether import _ckpt_files
+
+    rank = tether.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(3)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(out, "ckpt"), every=1)
+    model(torch.full((1, 2048), 0.1)).sum().backward()  # gradients once, kept: every step moves every tensor
+    recorded = {}
+    for i in range(4):
+        with ckpt.step(0, i):
+            opt.step()  # at once after the previous step's save: its copy may not be done
+            if rank == 0:
+                recorded[i + 1] = _clones(model, opt)
+        if mode == "meddle" and i == 1:
+            with torch.no_grad():
+                model[0].weight.add_(0.1)  # outside optimizer.step(), while step 2's save is being copied
+    ckpt.wait()
+    if rank != 0:
+        return
+    for step, path in sorted(_ckpt_files.steps(Path(out, "ckpt"))):
+        got = _ckpt_files.read(path, 2, "replicated")
+        assert got.state is not None, got.why
+        state = got.state["objects"]
+        saved = {
+            **state["model"],
+            **{f"momentum.{k}": v["momentum_buffer"] for k, v in state["optimizer"]["state"].items()},
+        }
+        same = sorted(saved) == sorted(recorded[step]) and all(torch.equal(saved[k], recorded[step][k]) for k in saved)
+        emit("checked", step=step, same=same)
+
+
+def _clones(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for k, v in opt.state_dict()["state"].items():
+        state[f"momentum.{k}"] = v["momentum_buffer"].clone()
+    return state
+
+
 if __name__ == "__main__":
     if CASE == "last" and "RANK" in os.environ:  # under torchrun: the script is the rank
         tether.initialize("gloo")
@@ -99,6 +146,8 @@ if __name__ == "__main__":
     try:
         if CASE == "last":
             tether.spawn("gloo", last_case, (sys.argv[2],), nproc_per_node=2)
+        elif CASE == "deferred":
+            tether.spawn("gloo", deferred_case, (sys.argv[2], sys.argv[3]), nproc_per_node=2)
         elif CASE == "random":
             tether.spawn("gloo", random_case, (sys.argv[2], sys.argv[3]), nproc_per_node=2)
         else:
