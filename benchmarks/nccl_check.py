@@ -1,12 +1,16 @@
 """Check tether's NCCL paths on one GPU with two ranks (issue 9); not run in CI (no GPU).
 
-    python benchmarks/nccl_check.py [--out benchmarks/results/nccl.md] [--timeout 60]
+    NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 python benchmarks/nccl_check.py \
+        [--out benchmarks/results/nccl.md] [--log jobs.log] [--timeout 60] [--launcher torchrun|plain]
 
-NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). Giving each rank its own
-``NCCL_HOSTID`` is reported to make NCCL treat them as two hosts that talk over sockets;
-that is unverified with torch, so the script first tries it and says plainly when NCCL
-refuses (exit 2, "CANNOT RUN"). Each check is a fresh 2-rank job (this script, launched
-twice with torchrun's variables, one ``NCCL_HOSTID`` each), killed at ``--timeout``:
+NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). Given one ``NCCL_HOSTID``
+each, it treats them as two hosts that talk over sockets (seen on an H200 with NCCL
+2.28.9, 2026-12-04: ``results/nccl.md``); where NCCL refuses even so, the script says
+so plainly (exit 2, "CANNOT RUN"). Each check is a fresh 2-rank job, killed at
+``--timeout``: under torchrun by default (each rank takes its ``NCCL_HOSTID`` from
+``LOCAL_RANK``; the exit codes come from torchrun's failure summary), or, with
+``--launcher plain``, this script started twice with torchrun's variables (tether does not
+own such processes: Python's teardown runs at their exit).
 
 * (a) ``raw_future``: a raw ``dist.all_reduce(async_op=True)`` whose peer joins 2 s late:
   its future is done while ``work.is_completed()`` is still false (why tether polls).
