@@ -261,28 +261,26 @@ def run_work(
     """Issue an async collective (``issue()`` returns its work) and wait for it; return when
     it is done, raise when a failure is known.
 
-    The issue is part of the wait, under this rank's whereabouts: on NCCL a communicator's
+    On NCCL the issue is part of the wait, under this rank's whereabouts: a communicator's
     first collective connects its ranks on the calling thread, so the issue blocks until
     every member issued it, in C++, where only the ladder's abort ends it (seen on one
-    GPU, ``benchmarks/results/nccl.md``: a peer 2 s late held the issue 2 s). The error the
-    abort makes the issue raise ("NCCL error ... internal error") gets the true story, as
-    one out of the wait does.
+    GPU, ``benchmarks/results/nccl.md``: a peer 2 s late held the issue 2 s). gloo's issue
+    only queues the work: it comes first, and the transfer overlaps the wait's set-up.
+    Either way, the error an issue raises after an abort ("NCCL error ... internal error")
+    gets the true story, as one out of the wait does.
 
     Args:
         polled: wait by polling ``work.is_completed()`` (see ``_wait_polled``); None: when
             the backend's futures complete at enqueue (NCCL).
     """
     assert ctx.watchdog is not None
-    seq = ctx.next_seq(group.key)
     if polled is None:
         polled = ctx.backend.completes_at_enqueue
+    work = None if polled else _issue(ctx, issue, group)
+    seq = ctx.next_seq(group.key)
     with in_call(ctx, f"{signature} {tag(group, seq)}"):
-        try:
-            work = issue()
-        except RuntimeError as exc:
-            if isinstance(exc, TetherError) or (ctx.watchdog.failure is None and not is_backend_error(exc)):
-                raise  # the caller's own error (gloo checks its arguments as it issues)
-            raise ctx.watchdog.taken(explain_backend_error(ctx, group, exc)) from exc
+        if work is None:
+            work = _issue(ctx, issue, group)
         if polled:
             _wait_polled(ctx, work, group, seq, signature, timeout)
         else:
@@ -299,6 +297,17 @@ def run_work(
             if isinstance(exc, TetherError):
                 raise
             raise ctx.watchdog.taken(explain_backend_error(ctx, group, exc)) from exc
+
+
+def _issue(ctx: Context, issue: Callable[[], Any], group: Group) -> Any:
+    """``issue()``'s work; a backend's error out of it becomes the failure behind it."""
+    assert ctx.watchdog is not None
+    try:
+        return issue()
+    except RuntimeError as exc:
+        if isinstance(exc, TetherError) or (ctx.watchdog.failure is None and not is_backend_error(exc)):
+            raise  # the caller's own error (gloo checks its arguments as it issues)
+        raise ctx.watchdog.taken(explain_backend_error(ctx, group, exc)) from exc
 
 
 # Polling slices: the first check comes at once (a collective may have finished while it
