@@ -34,14 +34,14 @@ waits until the copy is done (a step pre-hook). The rest (buffers, which a forwa
 change; the scheduler's, a sampler's state) is copied on the training thread. A copied
 tensor that changed in place meanwhile (its version moved: code outside
 ``optimizer.step()`` changed a parameter before the next step did) drops that save, with
-a warning, and later saves copy everything on the training thread. Changes through
-``.data`` move no version: between a saving step's end and the next ``optimizer.step()``
-change parameters through the optimizer or with ``torch.no_grad()``, not ``.data``. A thread, not
-a process: ``torch.save`` leaves the GIL to the training thread while it writes, and a
-writer process, tried, did not change the step time
-(``benchmarks/results/checkpoint-writer-process.md``). A resume from
-a periodic checkpoint gives every rank its own random states back, so code that draws
-between steps continues exactly too.
+a warning, and later saves copy everything on the training thread. A change through
+``.data`` moves no version and goes unseen: between a saving step's end and the next
+``optimizer.step()``, leave the parameters to the optimizer. A thread, not a process:
+``torch.save`` leaves the GIL to the training thread while it writes, and a writer
+process, tried, did not change the step time
+(``benchmarks/results/checkpoint-writer-process.md``). A resume from a periodic
+checkpoint gives every rank its own random states back, so code that draws between
+steps continues exactly too.
 
 **The emergency checkpoint.** When ``PeerFailure``, ``PeerLost``, ``SyncTimeout`` or
 ``SyncMismatch`` leaves the step (or a backend error out of a raw collective, such as
