@@ -102,13 +102,8 @@ def issue_blocks(local_rank: int) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    watchdog = _rank_1_breaks("rank 1 broke while rank 0 issued its all_reduce")
     rank = tether.get_rank()
-    tether.barrier()
-    if rank == 1:
-        time.sleep(0.3)
-        raise RuntimeError("rank 1 broke while rank 0 issued its all_reduce")
-    watchdog = current().watchdog
-    assert watchdog is not None
     aborted = threading.Event()
     watchdog._abort = aborted.set  # the communicator's abort: what ends NCCL's blocking issue
 
@@ -143,14 +138,20 @@ def finalize_abort_hangs(local_rank: int) -> None:
         emit("finalized", rank=rank, elapsed=time.monotonic() - start)
 
 
-def ladder_abort_hangs(local_rank: int) -> None:
-    rank = tether.get_rank()
+def _rank_1_breaks(message: str) -> Any:
+    """After a barrier, rank 1 raises ``message`` 0.3 s later; rank 0 gets its watchdog."""
     tether.barrier()
-    if rank == 1:
+    if tether.get_rank() == 1:
         time.sleep(0.3)
-        raise RuntimeError("rank 1 broke")
+        raise RuntimeError(message)
     watchdog = current().watchdog
     assert watchdog is not None
+    return watchdog
+
+
+def ladder_abort_hangs(local_rank: int) -> None:
+    watchdog = _rank_1_breaks("rank 1 broke")
+    rank = tether.get_rank()
     watchdog._abort = lambda: ctypes.PyDLL(None).sleep(60)  # a C call that keeps the GIL
     emit("sleeping", rank=rank, time=time.time())
     time.sleep(60)  # outside tether: only the ladder can end this rank
