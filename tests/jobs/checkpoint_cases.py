@@ -22,7 +22,8 @@
   it must wait until the writer copied what it changes. Rank 0 records its state at the
   end of each step and, after the last, compares every checkpoint with it (``checked``).
   ``meddle``: right after step 2's save began, a parameter is changed in place outside
-  ``optimizer.step()``: that save must be dropped (never saved with the change in it).
+  ``optimizer.step()``: that save must never hold the change: dropped, unless the writer
+  copied it before the change came.
 """
 
 import os
