@@ -20,6 +20,7 @@ Type conversion lives here, once (the checks in ``_checks.py``); every wait goes
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import pickle
@@ -55,19 +56,12 @@ def _run(
     """Issue ``issue(*args, **kwargs)``, an async collective, and wait for it (``waits.run_work``).
 
     ``lent_tensors`` are the tensors the backend's threads hold until the work is dropped
-    (``_core/lent.py``): counted before the issue, lent once it was made, returned once
-    the wait did.
+    (``_core/lent.py``): lent with their counts before the issue (an issue that raises
+    leaves them at those counts, so the exit never waits for them), returned once the wait
+    did.
     """
-    found = lent.counted(lent_tensors)
-    loan: lent.Call | None = None
-
-    def issued() -> Any:
-        nonlocal loan
-        work = issue(*args, **kwargs)
-        loan = lent.lend(found)
-        return work
-
-    run_work(ctx, issued, members, signature, timeout)
+    loan = lent.lend(lent.counted(lent_tensors))
+    run_work(ctx, functools.partial(issue, *args, **kwargs), members, signature, timeout)
     lent.returned(loan)
 
 

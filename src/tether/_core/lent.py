@@ -21,7 +21,7 @@ exit handler holds the GIL (``tests/jobs/lifecycle_lent.py``). ``finalize()`` is
 exposed: destroying the group joins the worker threads before the teardown.
 
 So every tensor tether hands a backend is noted here, with its C++ reference count before
-the call (``counted``, then ``lend`` once the call was made): its own collectives' and
+the call (``counted``, then ``lend``): its own collectives' and
 those of the user's raw ``dist.*`` calls it wraps (``rawcalls.py``). At exit, before
 Python's teardown (``ending._at_exit``), the rank waits (``settle``) until each tensor is
 gone or back to that count, so its work was dropped, by whichever thread, while the GIL
@@ -99,8 +99,9 @@ def counted_args(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Counted:
 
 
 def lend(found: Counted, done: bool = False) -> Call | None:
-    """Note ``found``'s tensors, just handed to a backend by a call that was made; ``done``:
-    its work is finished (else tell ``returned`` once it is)."""
+    """Note ``found``'s tensors, handed to a backend by a call (a call that raised leaves
+    them at their counts: never waited for); ``done``: its work is finished (else tell
+    ``returned`` once it is)."""
     if not found:
         return None
     call = Call(tuple((weakref.ref(t), n) for t, n in found), time.monotonic() if done else None)
