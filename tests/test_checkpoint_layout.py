@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -131,5 +132,80 @@ def test_a_write_that_o_direct_refuses_is_done_again_through_the_page_cache(tmp_
             os.write(fd, unaligned)
         finally:
             os.close(fd)
-    _ckpt_tensors._write(tmp_path / "tensors.bin", unaligned)
+    with _ckpt_tensors._File(tmp_path / "tensors.bin") as out:
+        out.write(unaligned, 0)
     assert (tmp_path / "tensors.bin").read_bytes() == bytes(unaligned)
+
+
+# --- tensors left to the write (a periodic save's: what only the optimizers change) ---------
+
+
+def later_state() -> dict[str, Any]:
+    torch.manual_seed(1)
+    return {
+        "odd": torch.randn(3_000_001)[1:],  # 12 MB starting 4 bytes into a page: two runs in place
+        "strided": torch.randn(300, 400).t(),  # left to the write, but not contiguous: copied by it
+        "bias": torch.randn(100),  # under two pages: copied by it
+        "buffer": torch.randn(5000),  # not left: copied by pack
+    }
+
+
+def left(state: dict[str, Any]) -> set[int]:
+    return {state[k].data_ptr() for k in ("odd", "strided", "bias")}
+
+
+class HurryAfter(threading.Event):
+    """An event that reads as set from its ``n``-th check on: training wants its tensors back mid-write."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.checks, self.n = 0, n
+
+    def is_set(self) -> bool:
+        self.checks += 1
+        return self.checks >= self.n
+
+
+def test_a_tensor_left_to_the_write_goes_to_disk_from_its_own_memory_but_for_its_part_pages(
+    tmp_path: Path,
+) -> None:
+    want = later_state()
+    arena = _ckpt_tensors.Arena()
+    skeleton = arena.pack(want, left(want))
+    released = []
+    data = _ckpt_tensors.read(tmp_path / "t.bin", arena.write(tmp_path / "t.bin", None, lambda: released.append(1)))
+    assert data is not None
+    assert_same(_ckpt_tensors.unpack(skeleton, data), want)
+    assert released == [1]
+    odd = want["odd"].numel() * 4
+    copied_by_write = arena.copied - 5000 * 4  # pack copied the buffer
+    # the strided one and the bias whole, of the odd one two part pages at most
+    assert 0 < copied_by_write - (300 * 400 + 100) * 4 < 2 * _ckpt_tensors.ALIGN, (arena.copied, odd)
+
+
+def test_a_hurried_write_copies_what_is_left_releases_then_writes_it_from_the_copy(tmp_path: Path) -> None:
+    want = later_state()
+    arena = _ckpt_tensors.Arena()
+    skeleton = arena.pack(want, left(want))
+    hurry = HurryAfter(2)  # the second of the odd tensor's two runs: its 8 MB after the first
+    released: list[int] = []
+    found = arena.write(tmp_path / "t.bin", hurry, lambda: released.append(hurry.checks))
+    assert released == [2]  # at the hurry, before the rest was written
+    data = _ckpt_tensors.read(tmp_path / "t.bin", found)
+    assert data is not None
+    assert_same(_ckpt_tensors.unpack(skeleton, data), want)
+    odd = want["odd"].numel() * 4
+    assert odd - (8 << 20) <= arena.copied - (5000 + 300 * 400 + 100) * 4 < odd - (8 << 20) + 2 * _ckpt_tensors.ALIGN
+
+
+def test_a_tensor_left_to_the_write_that_changed_before_it_was_done_raises_moved_once_released(
+    tmp_path: Path,
+) -> None:
+    want = later_state()
+    arena = _ckpt_tensors.Arena()
+    arena.pack(want, left(want))
+    want["bias"].add_(0.1)  # outside an optimizer step, before the write
+    released = []
+    with pytest.raises(_ckpt_tensors.Moved, match="1 tensor"):
+        arena.write(tmp_path / "t.bin", None, lambda: released.append(1))
+    assert released == [1]  # training is not kept waiting by a save that is dropped

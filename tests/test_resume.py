@@ -411,9 +411,9 @@ def test_a_periodic_save_at_the_last_step_is_complete_when_the_job_ends(launcher
 
 
 @pytest.mark.timeout(BOUND + 60)
-def test_a_periodic_save_copied_behind_training_holds_exactly_its_steps_state(tmp_path: Path) -> None:
+def test_a_periodic_save_written_behind_training_holds_exactly_its_steps_state(tmp_path: Path) -> None:
     # each step's optimizer.step() comes right after the previous step's save: without the
-    # step pre-hook's wait for the writer's copy, step 1's save was dropped (seen)
+    # step pre-hook's wait for the writer, step 1's save was dropped (seen)
     res = _harness.python("checkpoint_cases.py", "deferred", "quiet", str(tmp_path), bound=BOUND)
     assert res.returncode == 0, res.output[-3000:]
     checked = {e["step"]: e["same"] for e in _events(res, "checked")}
@@ -428,8 +428,8 @@ def test_a_parameter_changed_outside_the_optimizer_mid_copy_drops_that_save_only
     assert res.returncode == 0, res.output[-3000:]
     checked = {e["step"]: e["same"] for e in _events(res, "checked")}
     # never saved with the change in it (without the version check: step 2 held it, seen);
-    # dropped, unless the writer copied it before the change came (the training thread
-    # would have had to lose the CPU for the whole copy); later saves copy at once
+    # dropped, unless the writer wrote it before the change came (the training thread
+    # would have had to lose the CPU for the whole write); later saves copy at once
     assert all(checked.values()) and {1, 3, 4} <= checked.keys(), res.output[-3000:]
     dropped = "tether: the periodic checkpoint of step 2 was dropped: a parameter or optimizer state changed"
     assert (2 in checked) != (dropped in res.stderr), res.stderr[-3000:]

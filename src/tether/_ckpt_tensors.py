@@ -1,20 +1,22 @@
-"""A replicated checkpoint's tensors: packed into one page-aligned buffer, hashed, written past the page cache.
+"""A replicated checkpoint's tensors: packed into one page-aligned file, hashed, written past the page cache.
 
 A periodic save runs beside training, on the cores training uses, so its CPU time is the
 step time it costs. ``torch.save`` of a 100 MB state, flushed and dropped from the page
-cache as tether did, cost 0.069 s of CPU here (median; 0.019 s this way): its zip
-records' CRC-32s, then the copy of every byte into the page cache
-(``benchmarks/results/save-cpu.md``). This path costs what the snapshot's copy costs,
-plus a few milliseconds:
+cache as tether did, cost 0.069 s of CPU here (median; 0.019 s this way, with a copy:
+``benchmarks/results/save-cpu.md``): its zip records' CRC-32s, then the copy of every
+byte into the page cache. This path costs the hash and little more:
 
-* the snapshot copies every dense tensor into one page-aligned buffer (``Arena``), the
-  copy a snapshot makes anyway, reused save after save;
-* the buffer is hashed with XXH3-64 (~3 ms for 100 MB, the GIL left to training);
-* one ``O_DIRECT`` write hands it to the disk without the page cache, so no CPU copies it
+* the tensors that must be taken at once (the snapshot is of this moment) are copied into
+  one page-aligned buffer (``Arena``), reused save after save; those only the optimizers
+  change are left to the writer (``pack``'s ``later``), which reads them before the next
+  optimizer step: their whole pages go to disk from their own memory, with no copy;
+* what is written is hashed with XXH3-64 on the way (~10 ms of CPU for 100 MB here, the
+  GIL left to training);
+* ``O_DIRECT`` writes hand it to the disk without the page cache, so no CPU copies it
   there, and no page of it is left behind for training to evict. A file system that
-  refuses ``O_DIRECT`` (tmpfs) gets a plain write, then ``fsync`` and a drop.
+  refuses ``O_DIRECT`` (tmpfs) gets plain writes, then ``fsync`` and a drop.
 
-``tensors.bin`` holds the buffer; ``state.pt`` (``torch.save``) holds everything else, each
+``tensors.bin`` holds the bytes; ``state.pt`` (``torch.save``) holds everything else, each
 tensor replaced by a ``Slot`` naming its bytes. A resume reads ``tensors.bin`` once, checks
 the hash of what it read, and unpacks that.
 """
@@ -23,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import dataclasses
 import errno
 import mmap
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ import xxhash
 ALIGN = 4096  # O_DIRECT: address, offset and length in multiples of the block size (4096 covers 512)
 _SLOT_ALIGN = 64  # each tensor's offset: every dtype's element size divides it
 _CHUNK = 64 << 20  # one write() at most (Linux writes at most ~2 GiB at a time)
+_IN_PLACE_RUN = 8 << 20  # one write() from a tensor's memory at most: a hurry waits for one (~5 ms here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,57 +54,136 @@ class Slot:
     shape: tuple[int, ...]
 
 
+class Moved(RuntimeError):
+    """A tensor left to the write changed in place before the write was done with it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Later:
+    """A tensor ``pack`` left to ``write``: read then, as it is, with its version at ``pack``."""
+
+    slot: Slot
+    tensor: torch.Tensor
+    version: int
+    in_place: bool  # its whole pages go to disk from its own memory, not through the buffer
+
+
 class Arena:
     """The snapshot's buffer, reused save after save; grown when the state grows.
 
     Reuse is what keeps the copy cheap: memory already mapped, where a fresh buffer first
-    faults in every page. The price is one copy of the state kept between saves.
+    faults in every page. The buffer is the file's image: ``tensors.bin`` is written from
+    it, but for the tensors written in place (``pack``'s ``later``), whose pages go to
+    disk from the tensors' own memory.
     """
 
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
         self._bytes = torch.empty(0, dtype=torch.uint8)
         self.used = 0  # bytes the last pack filled
-        self.pending: list[tuple[Slot, torch.Tensor, int]] = []  # left by pack for copy_pending: slot, tensor, version
+        self.pending: list[_Later] = []  # left by pack to write
+        self.copied = 0  # bytes of tensors the last pack and write copied into the buffer
 
     def pack(self, state: Any, later: set[int] | None = None) -> Any:
         """A copy of ``state`` whose dense tensors are copied into the buffer, as ``Slot``s.
 
         A tensor whose ``data_ptr()`` is in ``later`` is not copied now but left, with its
-        version, to ``copy_pending``.
+        version, to ``write``, which reads it: it must not change until ``write`` says it
+        is done with it (its ``released``). Such a tensor, if a contiguous one in CPU
+        memory of two pages or more, gets a slot at the same offset within a page as its
+        memory has, so that its whole pages can go to disk from that memory (``O_DIRECT``
+        wants both page-aligned), only its first and last part page through the buffer.
         """
+        later = later or set()
         placed: list[tuple[Slot, torch.Tensor]] = []
-        skeleton = _place(state, placed)
+        skeleton = _place(state, placed, lambda t: t.data_ptr() in later and _in_place(t))
         self.used = placed[-1][0].offset + placed[-1][0].nbytes if placed else 0
         size = -(-self.used // ALIGN) * ALIGN
         if size > len(self._bytes):
             self._map = mmap.mmap(-1, size)  # anonymous memory: page-aligned, as O_DIRECT needs
             self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
-        self.pending = []
+        self.pending, self.copied = [], 0
         with torch.no_grad():
             for slot, tensor in placed:
-                if later is not None and tensor.data_ptr() in later:
-                    self.pending.append((slot, tensor, tensor._version))
+                if tensor.data_ptr() in later:
+                    self.pending.append(_Later(slot, tensor, tensor._version, _in_place(tensor)))
                 else:
-                    _view(self._bytes, slot).copy_(tensor)
+                    self._copy(tensor, slot, 0, slot.nbytes)
         return skeleton
 
-    def copy_pending(self) -> bool:
-        """Copy the tensors ``pack`` left; False when one changed in place since ``pack``
-        (its version moved, so the copy may hold a later value, or part of one)."""
-        pending, self.pending = self.pending, []
-        with torch.no_grad():
-            for slot, tensor, _ in pending:
-                _view(self._bytes, slot).copy_(tensor)  # the GIL is left to training meanwhile
-        return all(tensor._version == version for _, tensor, version in pending)
+    def write(
+        self, path: Path, hurry: threading.Event | None = None, released: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
+        """The packed bytes to a new file at ``path``, flushed; what the manifest records of it.
 
-    def write(self, path: Path) -> dict[str, Any]:
-        """The packed bytes to a new file at ``path``, flushed; what the manifest records of it."""
+        The tensors ``pack`` left are read here: copied into the buffer (the part pages of
+        those written in place, and the others whole), their whole pages written from
+        their memory. When ``hurry`` is set (training wants them back), what is left of
+        them is copied into the buffer at once, and written from there. ``released`` is
+        called once no byte of theirs will be read again.
+
+        Raises:
+            Moved: one of them changed in place since ``pack`` (its version moved): the
+                file may hold a later value, or part of one. ``released`` was called.
+        """
+        pending, self.pending = self.pending, []
         padded = -(-self.used // ALIGN) * ALIGN
-        data = memoryview(self._map)[:padded] if self._map is not None else memoryview(b"")
-        digest = xxhash.xxh3_64_hexdigest(data[: self.used])
-        _write(path, data)
-        return {"tensors_bytes": self.used, "tensors_xxh3": digest}
+        digest = xxhash.xxh3_64()
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                moved = [p.slot for p in pending if p.tensor._version != p.version]
+                if released is not None:
+                    released()
+                if moved:
+                    raise Moved(f"{len(moved)} tensor(s) changed in place before the checkpoint was written")
+
+        try:
+            with torch.no_grad():
+                for p in pending:
+                    for start, end in _part_pages(p) if p.in_place else [(0, p.slot.nbytes)]:
+                        self._copy(p.tensor, p.slot, start, end)
+            runs = _runs(pending, padded)
+            if not any(owner is not None for _, _, owner in runs):
+                release()
+            with _File(path) as out:
+                for i, (start, end, owner) in enumerate(runs):
+                    if owner is not None and hurry is not None and hurry.is_set():
+                        runs[i:] = self._take_back(runs[i:])
+                        release()
+                        start, end, owner = runs[i]
+                    data = self._buffer(start, end) if owner is None else _memory(owner, start, end)
+                    digest.update(data[: max(0, min(end, self.used) - start)])
+                    out.write(data, start)
+                    if owner is not None and not any(o is not None for _, _, o in runs[i + 1 :]):
+                        release()
+        finally:
+            release()
+        return {"tensors_bytes": self.used, "tensors_xxh3": digest.hexdigest()}
+
+    def _copy(self, tensor: torch.Tensor, slot: Slot, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of ``tensor`` (contiguous, or all of it) into its slot."""
+        if start == 0 and end == slot.nbytes:
+            _view(self._bytes, slot).copy_(tensor)  # the GIL is left to training meanwhile
+        else:
+            flat = tensor.detach().reshape(-1).view(torch.uint8)
+            self._bytes[slot.offset + start : slot.offset + end].copy_(flat[start:end])
+        self.copied += end - start
+
+    def _take_back(self, runs: list[tuple[int, int, _Later | None]]) -> list[tuple[int, int, _Later | None]]:
+        """``runs`` with their tensors' pages copied into the buffer, to be written from there."""
+        with torch.no_grad():
+            for start, end, owner in runs:
+                if owner is not None:
+                    self._copy(owner.tensor, owner.slot, start - owner.slot.offset, end - owner.slot.offset)
+        return [(start, end, None) for start, end, _ in runs]
+
+    def _buffer(self, start: int, end: int) -> memoryview:
+        assert self._map is not None
+        return memoryview(self._map)[start:end]
 
 
 def read(path: Path, found: dict[str, Any]) -> torch.Tensor | None:
@@ -133,11 +217,12 @@ def unpack(skeleton: Any, data: torch.Tensor) -> Any:
     return _restore(skeleton, data)
 
 
-def _place(value: Any, placed: list[tuple[Slot, torch.Tensor]]) -> Any:
+def _place(value: Any, placed: list[tuple[Slot, torch.Tensor]], in_place: Callable[[torch.Tensor], bool]) -> Any:
     def leaf(item: Any) -> Any:
         if _packable(item):
             end = placed[-1][0].offset + placed[-1][0].nbytes if placed else 0
-            offset = -(-end // _SLOT_ALIGN) * _SLOT_ALIGN
+            # in place: the same offset within a page as its memory (Arena.pack)
+            offset = end + (item.data_ptr() - end) % ALIGN if in_place(item) else -(-end // _SLOT_ALIGN) * _SLOT_ALIGN
             slot = Slot(offset, item.numel() * item.element_size(), item.dtype, tuple(item.shape))
             placed.append((slot, item))
             return slot
@@ -175,6 +260,43 @@ def _view(data: torch.Tensor, slot: Slot) -> torch.Tensor:
     return data[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
 
 
+def _in_place(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s pages can go to disk from its own memory (``Arena.pack``)."""
+    big = tensor.numel() * tensor.element_size() >= 2 * ALIGN  # one whole page at least, wherever it starts
+    return tensor.device.type == "cpu" and tensor.is_contiguous() and big
+
+
+def _part_pages(p: _Later) -> list[tuple[int, int]]:
+    """The bytes of an in-place tensor (offsets in it) on pages it shares: its first and last."""
+    head = -(-p.slot.offset // ALIGN) * ALIGN - p.slot.offset
+    tail = (p.slot.offset + p.slot.nbytes) // ALIGN * ALIGN - p.slot.offset
+    return [(0, head), (tail, p.slot.nbytes)]
+
+
+def _runs(pending: list[_Later], size: int) -> list[tuple[int, int, _Later | None]]:
+    """The file ``[0, size)`` in page-aligned runs: ``(start, end, tensor)`` for whole pages
+    of an in-place tensor (at most ``_IN_PLACE_RUN`` bytes each), ``(start, end, None)`` for
+    the buffer's (at most ``_CHUNK``)."""
+    runs: list[tuple[int, int, _Later | None]] = []
+    at = 0
+    for p in sorted((p for p in pending if p.in_place), key=lambda p: p.slot.offset):
+        first, last = (p.slot.offset + start for start in (_part_pages(p)[0][1], _part_pages(p)[1][0]))
+        runs += [(s, e, None) for s, e in _pieces(at, first, _CHUNK)]
+        runs += [(s, e, p) for s, e in _pieces(first, last, _IN_PLACE_RUN)]
+        at = last
+    return runs + [(s, e, None) for s, e in _pieces(at, size, _CHUNK)]
+
+
+def _pieces(start: int, end: int, most: int) -> list[tuple[int, int]]:
+    return [(at, min(at + most, end)) for at in range(start, end, most)]
+
+
+def _memory(owner: _Later, start: int, end: int) -> memoryview:
+    """Bytes ``[start, end)`` of the file, in ``owner``'s own memory."""
+    address = owner.tensor.data_ptr() + start - owner.slot.offset
+    return memoryview((ctypes.c_char * (end - start)).from_address(address)).cast("B")
+
+
 def _restore(value: Any, data: torch.Tensor) -> Any:
     def leaf(item: Any) -> Any:
         return _view(data, item).clone() if isinstance(item, Slot) else item  # its own storage, as torch.load gives
@@ -182,36 +304,51 @@ def _restore(value: Any, data: torch.Tensor) -> Any:
     return _walk(value, leaf)
 
 
-def _write(path: Path, data: memoryview) -> None:
-    """``data`` (page-aligned, whole blocks) to a new file, on disk when this returns."""
-    direct = getattr(os, "O_DIRECT", 0)  # none on macOS
-    if direct:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:  # EINVAL: this file system takes no O_DIRECT
-                raise
-        else:
+class _File:
+    """A new file written in page-aligned pieces, on disk when the ``with`` block ends.
+
+    With ``O_DIRECT`` where the file system takes it: the pieces go to the disk without
+    the page cache, so no CPU copies them there and no page of them is left behind for
+    training to evict. Where it refuses (tmpfs; ``EINVAL`` at the open or at a write), the
+    file is written the plain way, then flushed and its pages dropped.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._direct = getattr(os, "O_DIRECT", 0)  # none on macOS
+        self._fd = self._open(os.O_TRUNC)
+
+    def _open(self, flags: int) -> int:
+        if self._direct:
             try:
-                _write_all(fd, data)
-                os.fsync(fd)  # the file's size and blocks: the data went past the cache already
-                return
+                return os.open(self._path, os.O_WRONLY | os.O_CREAT | flags | self._direct, 0o644)
             except OSError as exc:
-                if exc.errno != errno.EINVAL:
+                if exc.errno != errno.EINVAL:  # EINVAL: this file system takes no O_DIRECT
                     raise
-            finally:
-                os.close(fd)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-        with contextlib.suppress(AttributeError, OSError):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+                self._direct = 0
+        return os.open(self._path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
 
+    def write(self, data: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(data):
+            try:
+                done += os.pwrite(self._fd, data[done:], offset + done)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not self._direct:
+                    raise
+                os.close(self._fd)  # the same file, the plain way from here on
+                self._direct = 0
+                self._fd = self._open(0)
 
-def _write_all(fd: int, data: memoryview) -> None:
-    done = 0
-    while done < len(data):
-        done += os.write(fd, data[done : done + _CHUNK])
+    def __enter__(self) -> _File:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                os.fsync(self._fd)
+                if not self._direct:
+                    with contextlib.suppress(AttributeError, OSError):  # no posix_fadvise on macOS
+                        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(self._fd)

@@ -28,15 +28,18 @@ random state of a rank that died (``seed=None`` turns this off). After it, every
 Python's, NumPy's) and rank 0 saves a periodic checkpoint: the state is copied in memory,
 then written by a background thread (the step goes on; the process waits for it before
 it exits, so the save of a run's last step is not lost). What only the optimizers in
-``objects`` change (the parameters they step, their state) is copied by that thread,
-while the next step's forward and backward run: that step's ``optimizer.step()`` first
-waits until the copy is done (a step pre-hook). The rest (buffers, which a forward can
-change; the scheduler's, a sampler's state) is copied on the training thread. A copied
-tensor that changed in place meanwhile (its version moved: code outside
-``optimizer.step()`` changed a parameter before the next step did) drops that save, with
-a warning, and later saves copy everything on the training thread. A change through
-``.data`` moves no version and goes unseen: between a saving step's end and the next
-``optimizer.step()``, leave the parameters to the optimizer. A thread, not a process:
+``objects`` change (the parameters they step, their state) is not copied at all: that
+thread hashes it and writes it to disk from the tensors' own memory while the next step's
+forward and backward run, and that step's ``optimizer.step()`` first waits until it is
+done with them (a step pre-hook). A step that comes sooner has the thread copy what it
+has not written yet, and waits for that copy only (``_ckpt_tensors.Arena.write``). The
+rest (buffers, which a forward can change; the scheduler's, a sampler's state) is copied
+on the training thread. A tensor left to the thread that changed in place meanwhile (its
+version moved: code outside ``optimizer.step()`` changed a parameter before the next step
+did) drops that save, with a warning, and later saves copy everything on the training
+thread. A change through ``.data`` moves no version and goes unseen: between a saving
+step's end and the next ``optimizer.step()``, leave the parameters to the optimizer.
+A thread, not a process:
 ``torch.save`` leaves the GIL to the training thread while it writes, and a writer
 process, tried, did not change the step time
 (``benchmarks/results/checkpoint-writer-process.md``). A resume from a periodic
@@ -88,7 +91,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +178,10 @@ class Checkpointer:
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
         self._writer: threading.Thread | None = None
-        self._copied = threading.Event()  # the writer's copy of what the optimizers change is done
-        self._copied.set()
-        self._eager = False  # a deferred copy saw its tensor change: copy everything at once from now on
+        self._released = threading.Event()  # the writer is done reading what the optimizers change
+        self._released.set()
+        self._hurry = threading.Event()  # an optimizer step waits for that: copy the rest, write it from the copy
+        self._eager = False  # a tensor left to the writer changed: copy everything at once from now on
         self._arena = _tensors.Arena()  # the snapshot's tensors, one buffer reused save after save
         self._foreign: list[str] = []
         self._sharded = _sharded_name(self.objects)  # a sharded module's name: saves go through DCP
@@ -275,7 +279,9 @@ class Checkpointer:
     # --- saving ---------------------------------------------------------------------------
 
     def _before_optimizer_step(self, *_: Any) -> None:
-        self._copied.wait()  # a periodic save's copy of what this step changes (milliseconds, most often 0)
+        if not self._released.is_set():  # a periodic save still reads what this step changes
+            self._hurry.set()
+            self._released.wait()  # the copy of what is left: milliseconds
         self._in_optimizer_step = True
 
     def _after_optimizer_step(self, *_: Any) -> None:
@@ -340,7 +346,8 @@ class Checkpointer:
         self.wait()
         state = self._snapshot(position, randomness, later=True)  # this very step's state (see the docstring)
         if self._arena.pending:
-            self._copied.clear()
+            self._hurry.clear()
+            self._released.clear()
         world = current().backend.topology.world_size
         # not a daemon: a script that ends right after a save (its last step) must not lose
         # it. Python joins such a thread before it exits, as tether.spawn's worker does; a
@@ -351,30 +358,29 @@ class Checkpointer:
         self._writer.start()
 
     def _write_behind(self, state: dict[str, Any], position: Position, world: int) -> None:
-        """The periodic save's thread: the copy the next optimizer step waits for, then the
-        write, yielding the CPU to training (Linux: a thread has its own nice)."""
+        """The periodic save's thread: it reads what the optimizers change at once (the next
+        ``optimizer.step()`` waits for it, so no lower priority), the rest yields the CPU to
+        training (Linux: a thread has its own nice)."""
+
+        def released() -> None:
+            self._released.set()
+            with contextlib.suppress(AttributeError, OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
         try:
-            intact = self._arena.copy_pending()
-        except Exception as exc:
-            log.warning("tether: the periodic checkpoint of step %d failed: %s", position.step, exc)
-            return
-        finally:
-            self._copied.set()
-        if not intact:
+            self._write(state, position, world, emergency=False, released=released)
+        except _tensors.Moved:
             self._eager = True
             log.warning(
                 "tether: the periodic checkpoint of step %d was dropped: a parameter or optimizer state changed in "
-                "place outside optimizer.step() before it was copied; later saves copy everything on the training "
+                "place outside optimizer.step() before it was written; later saves copy everything on the training "
                 "thread",
                 position.step,
             )
-            return
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        try:
-            self._write(state, position, world, emergency=False)
         except Exception as exc:  # a full disk must not kill training: the next save tries again
             log.warning("tether: the periodic checkpoint of step %d failed: %s", position.step, exc)
+        finally:
+            self._released.set()  # (the write sets it once it is done with the tensors; a failure before, here)
 
     def _save_sharded(self, position: Position, randomness: Any) -> None:
         """A periodic save of sharded state: every rank writes its shards with DCP, synchronously.
@@ -401,11 +407,23 @@ class Checkpointer:
         _files.write_manifest(tmp, {**found, "layout": "dcp", "sha256": _files.digest_files(tmp)})
         self._publish(tmp, final)
 
-    def _write(self, state: dict[str, Any], position: Position, world: int, emergency: bool) -> Path:
+    def _write(
+        self,
+        state: dict[str, Any],
+        position: Position,
+        world: int,
+        emergency: bool,
+        released: Callable[[], None] | None = None,
+    ) -> Path:
+        """The checkpoint of ``position``; ``released`` once the tensors ``pack`` left are read."""
         final = self.dirname / f"step-{position.step:08d}"
         tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}"
         tmp.mkdir(parents=True, exist_ok=True)
-        tensors = self._arena.write(tmp / "tensors.bin")
+        try:
+            tensors = self._arena.write(tmp / "tensors.bin", self._hurry, released or self._released.set)
+        except _tensors.Moved:
+            shutil.rmtree(tmp, ignore_errors=True)  # its own, half of it of no step
+            raise
         torch.save(state, str(tmp / "state.pt"))  # the rest: small
         _files.fsync(tmp / "state.pt")
         found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency)

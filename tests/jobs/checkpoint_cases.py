@@ -19,11 +19,12 @@
   ``ckpt.wait()``. The save must be complete on disk when the job has ended.
 * ``deferred``: ~50 MB of parameters and as much SGD momentum, a save after every step,
   and each step's ``optimizer.step()`` is the first thing after the previous step's save:
-  it must wait until the writer copied what it changes. Rank 0 records its state at the
+  it must wait until the writer is done reading what it changes (written, or copied in a
+  hurry). Rank 0 records its state at the
   end of each step and, after the last, compares every checkpoint with it (``checked``).
   ``meddle``: right after step 2's save began, a parameter is changed in place outside
   ``optimizer.step()``: that save must never hold the change: dropped, unless the writer
-  copied it before the change came.
+  wrote it before the change came.
 """
 
 import os
@@ -111,12 +112,12 @@ def deferred_case(local_rank: int, mode: str, out: str) -> None:
     recorded = {}
     for i in range(4):
         with ckpt.step(0, i):
-            opt.step()  # at once after the previous step's save: its copy may not be done
+            opt.step()  # at once after the previous step's save: its write may not be done
             if rank == 0:
                 recorded[i + 1] = _clones(model, opt)
         if mode == "meddle" and i == 1:
             with torch.no_grad():
-                model[0].weight.add_(0.1)  # outside optimizer.step(), while step 2's save is being copied
+                model[0].weight.add_(0.1)  # outside optimizer.step(), while step 2's save is being written
     ckpt.wait()
     if rank != 0:
         return
