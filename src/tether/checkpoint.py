@@ -325,7 +325,8 @@ class Checkpointer:
 
         Its tensors are copied into the arena (``_ckpt_tensors``), which the writer has
         finished with before the next snapshot (``wait``); with ``later``, those only the
-        optimizers change are left to the writer (``Arena.copy_pending``).
+        optimizers change are left to the writer, which writes them from their own memory
+        (``Arena.write``).
         """
         objects = {name: obj.state_dict() for name, obj in self.objects.items()}
         state = {"objects": objects, "position": dataclasses.asdict(position), "random": randomness}
