@@ -209,3 +209,17 @@ def test_a_tensor_left_to_the_write_that_changed_before_it_was_done_raises_moved
     with pytest.raises(_ckpt_tensors.Moved, match="1 tensor"):
         arena.write(tmp_path / "t.bin", None, lambda: released.append(1))
     assert released == [1]  # training is not kept waiting by a save that is dropped
+
+
+def test_a_tensor_left_to_the_write_whose_storage_is_swapped_is_written_as_it_was_at_pack(tmp_path: Path) -> None:
+    # ``.data =`` moves no version: the write reads the memory the tensor had at pack time,
+    # through an alias that keeps it alive (read through the tensor itself, the file held
+    # the new values, or part of them: seen)
+    weight = torch.nn.Parameter(torch.full((5000,), 0.1))
+    arena = _ckpt_tensors.Arena()
+    skeleton = arena.pack({"w": weight}, {weight.data_ptr()})
+    weight.data = torch.full((5000,), 0.7)
+    found = arena.write(tmp_path / "t.bin")
+    data = _ckpt_tensors.read(tmp_path / "t.bin", found)
+    assert data is not None
+    assert torch.equal(_ckpt_tensors.unpack(skeleton, data)["w"], torch.full((5000,), 0.1))

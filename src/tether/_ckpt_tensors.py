@@ -106,7 +106,10 @@ class Arena:
         with torch.no_grad():
             for slot, tensor in placed:
                 if tensor.data_ptr() in later:
-                    self.pending.append(_Later(slot, tensor, tensor._version, _in_place(tensor)))
+                    # an alias of its memory at this moment, kept alive whatever the tensor
+                    # becomes (``.data =`` moves no version), sharing its version counter
+                    alias = tensor.detach()
+                    self.pending.append(_Later(slot, alias, alias._version, _in_place(alias)))
                 else:
                     self._copy(tensor, slot, 0, slot.nbytes)
         return skeleton
