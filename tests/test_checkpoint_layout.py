@@ -223,3 +223,14 @@ def test_a_tensor_left_to_the_write_whose_storage_is_swapped_is_written_as_it_wa
     data = _ckpt_tensors.read(tmp_path / "t.bin", found)
     assert data is not None
     assert torch.equal(_ckpt_tensors.unpack(skeleton, data)["w"], torch.full((5000,), 0.1))
+
+
+def test_a_write_that_fails_releases_the_tensors_and_raises_its_own_error(tmp_path: Path) -> None:
+    want = later_state()
+    arena = _ckpt_tensors.Arena()
+    arena.pack(want, left(want))
+    want["bias"].add_(0.1)  # moved too: the disk's error is the one that says what happened
+    released = []
+    with pytest.raises(FileNotFoundError):
+        arena.write(tmp_path / "gone" / "t.bin", None, lambda: released.append(1))
+    assert released == [1]  # the next optimizer step does not wait forever

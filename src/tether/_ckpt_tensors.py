@@ -10,8 +10,9 @@ byte into the page cache. This path costs the hash and little more:
   one page-aligned buffer (``Arena``), reused save after save; those only the optimizers
   change are left to the writer (``pack``'s ``later``), which reads them before the next
   optimizer step: their whole pages go to disk from their own memory, with no copy;
-* what is written is hashed with XXH3-64 on the way (~10 ms of CPU for 100 MB here, the
-  GIL left to training);
+* what is written is hashed with XXH3-64 on the way (9.4 ms of CPU for 100 MB here, about
+  what reading the bytes costs at all; the GIL left to training;
+  ``benchmarks/results/save-parts.md``);
 * ``O_DIRECT`` writes hand it to the disk without the page cache, so no CPU copies it
   there, and no page of it is left behind for training to evict. A file system that
   refuses ``O_DIRECT`` (tmpfs) gets plain writes, then ``fsync`` and a drop.
@@ -163,8 +164,12 @@ class Arena:
                     out.write(data, start)
                     if owner is not None and not any(o is not None for _, _, o in runs[i + 1 :]):
                         release()
-        finally:
-            release()
+        except BaseException:
+            if not done:  # training must not wait for a write that failed; its own error goes on
+                done = True
+                if released is not None:
+                    released()
+            raise
         return {"tensors_bytes": self.used, "tensors_xxh3": digest.hexdigest()}
 
     def _copy(self, tensor: torch.Tensor, slot: Slot, start: int, end: int) -> None:
@@ -283,7 +288,8 @@ def _runs(pending: list[_Later], size: int) -> list[tuple[int, int, _Later | Non
     runs: list[tuple[int, int, _Later | None]] = []
     at = 0
     for p in sorted((p for p in pending if p.in_place), key=lambda p: p.slot.offset):
-        first, last = (p.slot.offset + start for start in (_part_pages(p)[0][1], _part_pages(p)[1][0]))
+        head, tail = _part_pages(p)
+        first, last = p.slot.offset + head[1], p.slot.offset + tail[0]  # its whole pages
         runs += [(s, e, None) for s, e in _pieces(at, first, _CHUNK)]
         runs += [(s, e, p) for s, e in _pieces(first, last, _IN_PLACE_RUN)]
         at = last
