@@ -312,7 +312,9 @@ class Checkpointer:
         try:
             ctx.channel.announce_emergency("saving", self.emergency_budget)
             world = ctx.backend.topology.world_size
-            path = self._write(self._snapshot(position), position, world, emergency=True)
+            # training has stopped: what the optimizers change is written from its own memory, uncopied
+            self._hurry.clear()
+            path = self._write(self._snapshot(position, later=True), position, world, emergency=True)
             line = f"rank {rank} saved an emergency checkpoint of step {position.step} to {path}"
             ctx.channel.announce_emergency(f"saved: {line}", 0.0)
             sys.stderr.write(f"tether: {line} ({type(exc).__name__} stopped training)\n")
