@@ -151,7 +151,8 @@ class Arena:
                     for start, end in _part_pages(p) if p.in_place else [(0, p.slot.nbytes)]:
                         self._copy(p.tensor, p.slot, start, end)
             runs = _runs(pending, padded)
-            if not any(owner is not None for _, _, owner in runs):
+            last = max((i for i, (_, _, owner) in enumerate(runs) if owner is not None), default=-1)
+            if last < 0:
                 release()
             with _File(path) as out:
                 for i, (start, end, owner) in enumerate(runs):
@@ -162,8 +163,8 @@ class Arena:
                     data = self._buffer(start, end) if owner is None else _memory(owner, start, end)
                     digest.update(data[: max(0, min(end, self.used) - start)])
                     out.write(data, start)
-                    if owner is not None and not any(o is not None for _, _, o in runs[i + 1 :]):
-                        release()
+                    if i == last:
+                        release()  # (a no-op after a hurry)
         except BaseException:
             if not done:  # training must not wait for a write that failed; its own error goes on
                 done = True
