@@ -234,3 +234,70 @@ def test_a_write_that_fails_releases_the_tensors_and_raises_its_own_error(tmp_pa
     with pytest.raises(FileNotFoundError):
         arena.write(tmp_path / "gone" / "t.bin", None, lambda: released.append(1))
     assert released == [1]  # the next optimizer step does not wait forever
+
+
+# --- a save split across replicas (every rank writes its part) -----------------------------
+
+
+def split_state() -> dict[str, Any]:
+    torch.manual_seed(1)
+    return {
+        "big": torch.randn(3000),  # 12000 bytes
+        "buffer": torch.randn(10),  # not shared (a buffer): part 0's
+        "a": torch.randn(1000),
+        "b": torch.randn(1500),
+        "c": torch.randn(700),
+        "plain": {"lr": 0.1},
+    }
+
+
+def shared(state: dict[str, Any]) -> set[int]:
+    return {state[k].data_ptr() for k in ("big", "a", "b", "c")}
+
+
+def write_parts(state: dict[str, Any], path: Path, parts: int, later: bool) -> tuple[Any, list[Any], list[int]]:
+    """Part 0's skeleton, resolved, every part's bytes as read back, and how many tensors
+    each part placed (each part packed by its own arena)."""
+    skeletons, placed, data = [], {}, []
+    for part in range(parts):
+        arena = _ckpt_tensors.Arena()
+        split = _ckpt_tensors.Split(part, parts, shared(state))
+        skeletons.append(arena.pack(state, shared(state) if later else None, split))
+        found = arena.write(path / f"part-{part}.bin")
+        placed[part] = arena.placed
+        data.append(_ckpt_tensors.read(path / f"part-{part}.bin", found))
+    counts = [len(placed[part]) for part in range(parts)]
+    del placed[0]
+    return _ckpt_tensors.resolve(skeletons[0], placed), data, counts
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_a_split_save_deals_the_shared_tensors_across_parts_and_comes_back_bitwise(tmp_path: Path, later: bool) -> None:
+    want = split_state()
+    skeleton, data, counts = write_parts(want, tmp_path, 2, later)
+    assert all(d is not None for d in data)
+    assert_same(_ckpt_tensors.unpack(skeleton, dict(enumerate(data))), want)
+    # in the state's order, each to the part with fewer bytes: big -> 0, a -> 1, b -> 1, c -> 1
+    slots = _ckpt_tensors._walk(skeleton, lambda x: x)
+    assert {k: slots[k].part for k in ("big", "buffer", "a", "b", "c")} == {
+        "big": 0,
+        "buffer": 0,
+        "a": 1,
+        "b": 1,
+        "c": 1,
+    }
+    assert counts == [2, 3]  # nothing written twice
+
+
+def test_a_split_save_whose_parts_hold_other_tensors_than_dealt_is_refused(tmp_path: Path) -> None:
+    want = split_state()
+    arena0, arena1 = _ckpt_tensors.Arena(), _ckpt_tensors.Arena()
+    skeleton = arena0.pack(want, None, _ckpt_tensors.Split(0, 2, shared(want)))
+    other = {**want, "c": torch.randn(701)}  # a replica of another structure
+    arena1.pack(other, None, _ckpt_tensors.Split(1, 2, shared(other)))
+    with pytest.raises(ValueError, match="part 1 of the checkpoint holds other tensors than part 0 dealt it"):
+        _ckpt_tensors.resolve(skeleton, {1: arena1.placed})
+    fewer = {k: v for k, v in want.items() if k != "c"}
+    arena1.pack(fewer, None, _ckpt_tensors.Split(1, 2, {fewer[k].data_ptr() for k in ("big", "a", "b")}))
+    with pytest.raises(ValueError, match="part 1 of the checkpoint holds other tensors"):
+        _ckpt_tensors.resolve(skeleton, {1: arena1.placed})

@@ -152,6 +152,31 @@ def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: 
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
+def test_a_rank_killed_before_its_part_of_a_periodic_save_leaves_rank_0_free_to_save_the_emergency_one(
+    reference: Path, tmp_path: Path
+) -> None:
+    # the periodic save of step 8 is split: rank 1 is SIGKILLed as its writer starts its
+    # part. Rank 0's writer waits for that part; the failure's notice must end that wait,
+    # else the emergency save (which waits for the writer) would wait with it, and torchrun's
+    # SIGKILL 30 s later would leave only step 4 to resume from
+    res = torchrun(tmp_path, "--every", "4", "--fail-step", "8", "--fail-rank", "9", "--kill-in-save", "part")
+    out = res.output
+    assert res.returncode == 0, out[-4000:]
+    assert "the periodic checkpoint of step 8 was abandoned: a peer failed" in out, out[-4000:]
+    assert "[rank 0] stopped: PeerLost: rank 1 failed: Lost: its process ended without a word" in out, out[-4000:]
+    assert "(exitcode: -9) local_rank: 1" in out, out[-4000:]  # torchrun's word on the root cause
+    saved = re.findall(r"rank 0 saved an emergency checkpoint of step (\d+) to ", out)
+    # 8, or 9 when rank 0 finished step 9 (its all-reduce done) before the notice came
+    assert len(saved) == 1 and int(saved[0]) in (8, 9), out[-4000:]
+    assert f"resumed from the emergency checkpoint of step {saved[0]}" in out, out[-4000:]
+    assert not list((tmp_path / "ckpt").glob("step-00000008/tensors-1.bin")), "the split save was published"
+    assert trained(tmp_path) == trained(reference)
+    ref, got = weights(reference), weights(tmp_path)
+    assert all(torch.equal(ref[name], got[name]) for name in ref)
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
 def test_the_emergency_saver_killed_mid_save_falls_back_to_the_last_periodic_save(
     reference: Path, tmp_path: Path
 ) -> None:
@@ -433,6 +458,23 @@ def test_a_parameter_changed_outside_the_optimizer_mid_copy_drops_that_save_only
     assert all(checked.values()) and {1, 3, 4} <= checked.keys(), res.output[-3000:]
     dropped = "tether: the periodic checkpoint of step 2 was dropped: a parameter or optimizer state changed"
     assert (2 in checked) != (dropped in res.stderr), res.stderr[-3000:]
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(BOUND + 60)
+def test_a_part_that_rank_0_cannot_see_drops_that_save_and_rank_0_writes_the_later_ones_alone(tmp_path: Path) -> None:
+    res = _harness.python("checkpoint_cases.py", "unshared", str(tmp_path), bound=BOUND)
+    assert res.returncode == 0, res.output[-3000:]
+    assert sorted(e["step"] for e in _events(res, "trained")) == [3, 3], res.output[-3000:]
+    said = re.search(
+        r"the periodic checkpoint of step 1 failed: rank 1 wrote its part, and \S+ is missing here; ", res.stderr
+    )
+    assert said is not None and "Later periodic saves are written by rank 0 alone" in res.stderr, res.stderr[-3000:]
+    ckpt = tmp_path / "ckpt"
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000002", "step-00000003"]
+    for step in ("step-00000002", "step-00000003"):
+        assert json.loads((ckpt / step / "manifest.json").read_text())["format"] == 2  # one file: rank 0's
+        assert sorted(p.name for p in (ckpt / step).iterdir()) == ["manifest.json", "state.pt", "tensors.bin"]
     assert res.leftovers == []
 
 

@@ -2,10 +2,12 @@
 
 A checkpoint is a directory ``step-<N>`` (``N`` optimizer steps done) holding
 ``manifest.json`` and the state: ``tensors.bin`` and ``state.pt`` for replicated state
-(format 2, ``_ckpt_tensors``), or DCP's files plus ``state.pt`` for sharded state
-(``"layout": "dcp"``). It is written under a ``.tmp-`` name, flushed and renamed, so a
-directory named ``step-<N>`` is complete unless its files were damaged afterwards, which
-the checksums find: an XXH3-64 of the tensors' bytes, a SHA-256 of ``state.pt``.
+(format 2, ``_ckpt_tensors``; format 3 when the save was split across the ranks: part
+``r`` of the tensors in ``tensors-<r>.bin``, listed in the manifest's ``parts``), or DCP's
+files plus ``state.pt`` for sharded state (``"layout": "dcp"``). It is written under a
+``.tmp-`` name, flushed and renamed, so a directory named ``step-<N>`` is complete unless
+its files were damaged afterwards, which the checksums find: an XXH3-64 of the tensors'
+bytes (of each part's), a SHA-256 of ``state.pt``.
 
 Format 1 (tether before format 2) kept every tensor inside ``state.pt``, checked by a
 SHA-256 of the archive's directory of CRC-32s (``records_sha256``) or of the whole file
@@ -30,7 +32,8 @@ import torch
 from . import _ckpt_tensors as _tensors
 
 FORMAT = 2
-READ = (1, 2)  # the formats a resume takes
+SPLIT = 3  # format 2, the tensors in one file per part
+READ = (1, 2, 3)  # the formats a resume takes
 NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -93,15 +96,26 @@ def read(path: Path, world: int, layout: str) -> Read:
         return Read(f"a file is missing or unreadable ({type(exc).__name__}: {exc.strerror})", found)
 
 
+def part_name(part: int) -> str:
+    """The file of part ``part`` of a checkpoint's tensors."""
+    return "tensors.bin" if part == 0 else f"tensors-{part}.bin"
+
+
 def _read_format_2(path: Path, found: dict[str, Any]) -> Read:
     state = (path / "state.pt").read_bytes()
     if hashlib.sha256(state).hexdigest() != found.get("state_sha256"):
         return Read("state.pt does not match the manifest's checksum", found)
-    tensors = _tensors.read(path / "tensors.bin", found)
-    if tensors is None:
-        return Read("tensors.bin does not match the manifest's checksum", found)
+    parts = [found, *found.get("parts", [])] if found.get("format") == SPLIT else [found]
+    if not all(isinstance(part, dict) for part in parts):
+        return Read("the manifest's parts are unreadable", found)
+    data = {}
+    for part, described in enumerate(parts):
+        tensors = _tensors.read(path / part_name(part), described)
+        if tensors is None:
+            return Read(f"{part_name(part)} does not match the manifest's checksum", found)
+        data[part] = tensors
     skeleton = torch.load(io.BytesIO(state), map_location="cpu", weights_only=False)
-    return Read(None, found, _tensors.unpack(skeleton, tensors))
+    return Read(None, found, _tensors.unpack(skeleton, data))
 
 
 def _damaged(path: Path, found: dict[str, Any]) -> str | None:

@@ -20,6 +20,14 @@ byte into the page cache. This path costs the hash and little more:
 ``tensors.bin`` holds the bytes; ``state.pt`` (``torch.save``) holds everything else, each
 tensor replaced by a ``Slot`` naming its bytes. A resume reads ``tensors.bin`` once, checks
 the hash of what it read, and unpacks that.
+
+**A save split across replicas** (``Split``): the tensors every replica holds alike (what
+the optimizers step) are dealt across the ranks, each rank packing, hashing and writing its
+share as a file of its own (part ``r``: ``tensors-<r>.bin``; part 0 keeps ``tensors.bin``
+and everything else), as ``torch.distributed.checkpoint`` dedups replicated tensors. The
+deal depends only on the state's structure and sizes, the same on every replica, so no rank
+has to tell another which tensors it took; only where it put them (an in-place tensor's
+offset follows its own address), which part 0 learns after the write (``resolve``).
 """
 
 from __future__ import annotations
@@ -53,6 +61,33 @@ class Slot:
     nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+    part: int = 0  # the file: 0 is tensors.bin, r is tensors-<r>.bin (a split save)
+
+
+@dataclasses.dataclass(frozen=True)
+class Elsewhere:
+    """A tensor of another part in a split save: the ``index``-th tensor of part ``part``
+    (``resolve`` makes it a ``Slot`` once that part's offsets are known)."""
+
+    part: int
+    index: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """A save shared by ``parts`` ranks; the arena packs part ``part``.
+
+    The tensors whose ``data_ptr()`` is in ``shared`` (the same on every replica) are
+    dealt, in the state's order, each to the part with the fewest bytes so far (ties: the
+    lowest); every other tensor is part 0's, and so is everything not a tensor.
+    """
+
+    part: int
+    parts: int
+    shared: set[int]
 
 
 class Moved(RuntimeError):
@@ -84,8 +119,9 @@ class Arena:
         self.used = 0  # bytes the last pack filled
         self.pending: list[_Later] = []  # left by pack to write
         self.copied = 0  # bytes of tensors the last pack and write copied into the buffer
+        self.placed: list[tuple[int, int]] = []  # (offset, nbytes) of each tensor the last pack placed, in order
 
-    def pack(self, state: Any, later: set[int] | None = None) -> Any:
+    def pack(self, state: Any, later: set[int] | None = None, split: Split | None = None) -> Any:
         """A copy of ``state`` whose dense tensors are copied into the buffer, as ``Slot``s.
 
         A tensor whose ``data_ptr()`` is in ``later`` is not copied now but left, with its
@@ -94,10 +130,15 @@ class Arena:
         memory of two pages or more, gets a slot at the same offset within a page as its
         memory has, so that its whole pages can go to disk from that memory (``O_DIRECT``
         wants both page-aligned), only its first and last part page through the buffer.
+
+        With ``split``, only this part's tensors are packed; the others become
+        ``Elsewhere`` in the skeleton, and a part other than 0 copies nothing but its
+        tensors (its skeleton is of no use).
         """
         later = later or set()
         placed: list[tuple[Slot, torch.Tensor]] = []
-        skeleton = _place(state, placed, lambda t: t.data_ptr() in later and _in_place(t))
+        skeleton = _place(state, placed, lambda t: t.data_ptr() in later and _in_place(t), _dealer(split))
+        self.placed = [(slot.offset, slot.nbytes) for slot, _ in placed]
         self.used = placed[-1][0].offset + placed[-1][0].nbytes if placed else 0
         size = -(-self.used // ALIGN) * ALIGN
         if size > len(self._bytes):
@@ -220,14 +261,23 @@ def read(path: Path, found: dict[str, Any]) -> torch.Tensor | None:
     return data if xxhash.xxh3_64_hexdigest(view) == found.get("tensors_xxh3") else None
 
 
-def unpack(skeleton: Any, data: torch.Tensor) -> Any:
+def unpack(skeleton: Any, data: torch.Tensor | dict[int, torch.Tensor]) -> Any:
     """``skeleton`` with each ``Slot`` replaced by a tensor of its own, copied out of ``data``
-    (``read``'s buffer)."""
-    return _restore(skeleton, data)
+    (``read``'s buffer; of a split save, part -> its buffer)."""
+    return _restore(skeleton, data if isinstance(data, dict) else {0: data})
 
 
-def _place(value: Any, placed: list[tuple[Slot, torch.Tensor]], in_place: Callable[[torch.Tensor], bool]) -> Any:
+def _place(
+    value: Any,
+    placed: list[tuple[Slot, torch.Tensor]],
+    in_place: Callable[[torch.Tensor], bool],
+    dealer: _Dealer | None = None,
+) -> Any:
     def leaf(item: Any) -> Any:
+        if _packable(item) and dealer is not None and (ref := dealer.deal(item)) is not None:
+            return ref
+        if not _packable(item) and dealer is not None and dealer.part != 0:
+            return None  # part 0 writes the rest
         if _packable(item):
             end = placed[-1][0].offset + placed[-1][0].nbytes if placed else 0
             # in place: the same offset within a page as its memory (Arena.pack)
@@ -240,6 +290,59 @@ def _place(value: Any, placed: list[tuple[Slot, torch.Tensor]], in_place: Callab
         return copy.deepcopy(item)
 
     return _walk(value, leaf)
+
+
+class _Dealer:
+    """``Split``'s deal, tensor by tensor in the state's order."""
+
+    def __init__(self, split: Split) -> None:
+        self.part = split.part
+        self._split = split
+        self._bytes = [0] * split.parts  # dealt to each part so far
+        self._count = [0] * split.parts  # tensors dealt to each part so far
+
+    def deal(self, tensor: torch.Tensor) -> Elsewhere | None:
+        """None for a tensor of this part; else where it is."""
+        nbytes = tensor.numel() * tensor.element_size()
+        part = 0
+        if tensor.data_ptr() in self._split.shared:
+            part = min(range(self._split.parts), key=self._bytes.__getitem__)
+        index = self._count[part]
+        self._bytes[part] += nbytes
+        self._count[part] += 1
+        if part == self.part:
+            return None
+        return Elsewhere(part, index, nbytes, tensor.dtype, tuple(tensor.shape))
+
+
+def _dealer(split: Split | None) -> _Dealer | None:
+    return None if split is None or split.parts == 1 else _Dealer(split)
+
+
+def resolve(skeleton: Any, parts: dict[int, list[tuple[int, int]]]) -> Any:
+    """Part 0's ``skeleton`` with each ``Elsewhere`` made the ``Slot`` its part placed it
+    at; ``parts``: part -> that part's ``Arena.placed``.
+
+    Raises:
+        ValueError: a part placed other tensors than the deal gave it (its replica's
+            state has another structure).
+    """
+    counted: dict[int, int] = {}
+
+    def leaf(item: Any) -> Any:
+        if not isinstance(item, Elsewhere):
+            return item
+        counted[item.part] = counted.get(item.part, 0) + 1
+        placed = parts.get(item.part, [])
+        if item.index >= len(placed) or placed[item.index][1] != item.nbytes:
+            raise ValueError(f"part {item.part} of the checkpoint holds other tensors than part 0 dealt it")
+        return Slot(placed[item.index][0], item.nbytes, item.dtype, item.shape, item.part)
+
+    resolved = _walk(skeleton, leaf)
+    for part, placed in parts.items():
+        if counted.get(part, 0) != len(placed):
+            raise ValueError(f"part {part} of the checkpoint holds other tensors than part 0 dealt it")
+    return resolved
 
 
 def _walk(value: Any, leaf: Callable[[Any], Any]) -> Any:
@@ -307,9 +410,11 @@ def _memory(owner: _Later, start: int, end: int) -> memoryview:
     return memoryview((ctypes.c_char * (end - start)).from_address(address)).cast("B")
 
 
-def _restore(value: Any, data: torch.Tensor) -> Any:
+def _restore(value: Any, data: dict[int, torch.Tensor]) -> Any:
     def leaf(item: Any) -> Any:
-        return _view(data, item).clone() if isinstance(item, Slot) else item  # its own storage, as torch.load gives
+        if isinstance(item, Slot):
+            return _view(data[item.part], item).clone()  # its own storage, as torch.load gives
+        return item
 
     return _walk(value, leaf)
 

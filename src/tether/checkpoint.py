@@ -25,11 +25,15 @@ step, rank)``: any rank's random state at any step is a function of the position
 resumed run draws what the uninterrupted one drew, although no survivor can save the
 random state of a rank that died (``seed=None`` turns this off). After it, every
 ``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
-Python's, NumPy's) and rank 0 saves a periodic checkpoint: the state is copied in memory,
-then written by a background thread (the step goes on; the process waits for it before
-it exits, so the save of a run's last step is not lost). What only the optimizers in
-``objects`` change (the parameters they step, their state) is not copied at all: that
-thread hashes it and writes it to disk from the tensors' own memory while the next step's
+Python's, NumPy's) and save a periodic checkpoint: the state is copied in memory, then
+written by a background thread (the step goes on; the process waits for it before it
+exits, so the save of a run's last step is not lost). What only the optimizers in
+``objects`` change (the parameters they step, their state) is the same on every replica,
+so the save is split: those tensors are dealt across the ranks, and each rank's thread
+writes its share (``_ckpt_tensors.Split``); rank 0's writes the rest too, and publishes
+the checkpoint once every part is on disk (``_ckpt_parts``: a rank that fails meanwhile
+ends that save, not training). Those tensors are not copied at all: the thread
+hashes them and writes them to disk from their own memory while the next step's
 forward and backward run, and that step's ``optimizer.step()`` first waits until it is
 done with them (a step pre-hook). A step that comes sooner has the thread copy what it
 has not written yet, and waits for that copy only (``_ckpt_tensors.Arena.write``). The
@@ -59,15 +63,17 @@ exception goes on. A survivor whose failure came in the middle of ``optimizer.st
 writes nothing, and says why; so does every survivor of sharded training.
 
 **On disk.** A checkpoint is a directory ``step-<N>`` holding ``tensors.bin`` (the bytes
-of every tensor of the objects' state dicts, back to back), ``state.pt`` (the rest, with
-the position and the random states, ``torch.save``) and ``manifest.json`` (format version,
-step, epoch, iteration, world size, an XXH3-64 of the tensors and a SHA-256 of
-``state.pt``, and whether it was an emergency save; ``_ckpt_tensors`` says why this layout).
-It is written as ``.tmp-step-<N>-<pid>``, flushed, and renamed: a process killed mid-save
-leaves a ``.tmp-`` directory that ``resume`` never takes. ``resume`` refuses, with a
-warning naming why, a directory whose manifest is missing, unreadable, of another format
-or world size, or whose checksums do not match, and falls back to the next newest.
-Nothing is ever deleted unless ``keep=`` asks to rotate.
+of every tensor of the objects' state dicts, back to back; of a split save, rank 0's part,
+and ``tensors-<r>.bin`` rank r's), ``state.pt`` (the rest, with the position and the
+random states, ``torch.save``) and ``manifest.json`` (format version, step, epoch,
+iteration, world size, an XXH3-64 of each file of tensors and a SHA-256 of ``state.pt``,
+and whether it was an emergency save; ``_ckpt_tensors`` says why this layout). It is
+written as ``.tmp-step-<N>-<pid>`` (rank 0's pid; ``-emergency`` added for an emergency
+save), flushed, and renamed: a process killed mid-save leaves a ``.tmp-`` directory that
+``resume`` never takes. ``resume`` refuses, with a warning naming why, a directory whose
+manifest is missing, unreadable, of another format or world size, or whose checksums do
+not match, and falls back to the next newest. Nothing is ever deleted unless ``keep=``
+asks to rotate.
 
 **Sharded state (FSDP).** A model whose parameters are sharded (``fully_shard``'s DTensor
 parameters, FSDP's wrapper) is saved with ``torch.distributed.checkpoint``: at every
@@ -77,8 +83,10 @@ file, and ``resume`` loads every rank's shards with ``dcp.load`` (``tether/_shar
 No emergency checkpoint exists for such state: the failed rank's shard is gone with it.
 
 Why not DCP for replicated state too: its save is a collective over the process group,
-and an emergency save runs when a peer of that group is gone. For DDP's replicated state
-one rank's ``torch.save`` holds everything, and needs nobody else.
+and an emergency save runs when a peer of that group is gone. The periodic save takes
+DCP's idea (each replicated tensor written once, by one rank) without its collective: the
+parts meet on the store, and rank 0's wait for them ends at a peer's failure. The
+emergency save is one rank's alone, and needs nobody else.
 """
 
 from __future__ import annotations
@@ -96,10 +104,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._C._distributed_c10d import Store
 
 from . import _ckpt_files as _files
+from . import _ckpt_parts as _parts
 from . import _ckpt_tensors as _tensors
 from . import _randomness, _sharded, collectives, syncs
+from ._core.channel import Channel
 from ._core.hooks import holding
 from ._core.runtime import current
 from ._core.verdicts import failure_behind_raw
@@ -184,6 +195,9 @@ class Checkpointer:
         self._eager = False  # a tensor left to the writer changed: copy everything at once from now on
         self._arena = _tensors.Arena()  # the snapshot's tensors, one buffer reused save after save
         self._foreign: list[str] = []
+        self._split = True  # periodic saves are split across the ranks (rank 0 turns it off: ``_parts``)
+        self._store: tuple[Channel, Store] | None = None  # (channel, the writer's own connection to its store)
+        self._abandon = threading.Event()  # the periodic save's wait for the other parts: give up
         self._sharded = _sharded_name(self.objects)  # a sharded module's name: saves go through DCP
         for opt in self._optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
@@ -243,7 +257,8 @@ class Checkpointer:
         saving = self.every is not None and done % self.every == 0
         try:
             yield
-            randomness = collectives.all_gather(_randomness.state()) if saving else None  # every rank's, at this point
+            # every rank's random states, at this point, and whether it can write a part
+            offers = collectives.all_gather((_randomness.state(), self._can_split(), os.getpid())) if saving else []
         except _PEER_FAILURES as exc:
             self._stopped(exc, epoch, iteration)
             raise
@@ -255,10 +270,17 @@ class Checkpointer:
             self._stopped(behind, epoch, iteration)
             raise behind from exc
         self.position = _next(epoch, iteration, done)
+        randomness = [random for random, _, _ in offers]
+        split = len(offers) > 1 and all(can for _, can, _ in offers)  # decided alike on every rank
         if saving and self._sharded is not None:
             self._save_sharded(self.position, randomness)  # every rank writes its shards
-        elif saving and rank == 0:
-            self._save_async(self.position, randomness)
+        elif saving and (split or rank == 0):
+            tmp = self.dirname / f".tmp-step-{self.position.step:08d}-{offers[0][2]}"  # rank 0's pid: one for all
+            self._save_async(self.position, randomness, tmp, len(offers) if split else 1)
+
+    def _can_split(self) -> bool:
+        """Whether this rank can write its part of a periodic save (``_write_part``)."""
+        return self._split and self._sharded is None and current().channel is not None
 
     def _stopped(self, exc: TetherError, epoch: int, iteration: int) -> None:
         """A peer's failure left the step: the emergency save, SIGTERM held meanwhile."""
@@ -308,13 +330,15 @@ class Checkpointer:
         position = _next(epoch, iteration, self.position.step + 1) if self._stepped else self.position
         if ctx.channel is None or not ctx.channel.claim_emergency(rank, CLAIM_WINDOW):
             return  # a lower survivor saves it: replicas are identical
+        self._abandon.set()  # a split periodic save may wait for a part that the failure stopped
         self.wait()
         try:
             ctx.channel.announce_emergency("saving", self.emergency_budget)
             world = ctx.backend.topology.world_size
             # training has stopped: what the optimizers change is written from its own memory, uncopied
             self._hurry.clear()
-            path = self._write(self._snapshot(position, later=True), position, world, emergency=True)
+            tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}-emergency"
+            path = self._write(self._snapshot(position, later=True), position, world, tmp, emergency=True)
             line = f"rank {rank} saved an emergency checkpoint of step {position.step} to {path}"
             ctx.channel.announce_emergency(f"saved: {line}", 0.0)
             sys.stderr.write(f"tether: {line} ({type(exc).__name__} stopped training)\n")
@@ -322,18 +346,22 @@ class Checkpointer:
             ctx.channel.announce_emergency(f"failed: {err}", 0.0)
             sys.stderr.write(f"tether: rank {rank} could not save an emergency checkpoint: {err}\n")
 
-    def _snapshot(self, position: Position, randomness: Any = None, later: bool = False) -> dict[str, Any]:
+    def _snapshot(
+        self, position: Position, randomness: Any = None, later: bool = False, parts: int = 1
+    ) -> dict[str, Any]:
         """A copy of every object's state, taken on the training thread (call after ``wait``).
 
         Its tensors are copied into the arena (``_ckpt_tensors``), which the writer has
         finished with before the next snapshot (``wait``); with ``later``, those only the
         optimizers change are left to the writer, which writes them from their own memory
-        (``Arena.write``).
+        (``Arena.write``). With ``parts`` > 1, those are dealt across the ranks, and the
+        arena packs this rank's part only (``_ckpt_tensors.Split``).
         """
         objects = {name: obj.state_dict() for name, obj in self.objects.items()}
         state = {"objects": objects, "position": dataclasses.asdict(position), "random": randomness}
-        stepped = self._stepped_by_optimizers() if later and not self._eager else None
-        return self._arena.pack(state, stepped)  # type: ignore[no-any-return]
+        stepped = self._stepped_by_optimizers() if later or parts > 1 else set()
+        split = _tensors.Split(current().backend.topology.rank, parts, stepped) if parts > 1 else None
+        return self._arena.pack(state, stepped if later and not self._eager else None, split)  # type: ignore[no-any-return]
 
     def _stepped_by_optimizers(self) -> set[int]:
         """Where the tensors only the optimizers change live: their parameters and state."""
@@ -345,22 +373,24 @@ class Checkpointer:
                 found.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
         return found
 
-    def _save_async(self, position: Position, randomness: Any) -> None:
+    def _save_async(self, position: Position, randomness: Any, tmp: Path, parts: int) -> None:
+        """Start the periodic save's thread: rank 0's, or with ``parts`` > 1 every rank's (its part)."""
         self.wait()
-        state = self._snapshot(position, randomness, later=True)  # this very step's state (see the docstring)
+        state = self._snapshot(position, randomness, later=True, parts=parts)  # this very step's state
         if self._arena.pending:
             self._hurry.clear()
             self._released.clear()
-        world = current().backend.topology.world_size
+        self._abandon.clear()
+        ctx = current()
+        rank, world = ctx.backend.topology.rank, ctx.backend.topology.world_size
+        save = _Save(position, world, tmp, parts, rank if parts > 1 else 0, ctx.channel)
         # not a daemon: a script that ends right after a save (its last step) must not lose
         # it. Python joins such a thread before it exits, as tether.spawn's worker does; a
         # daemon was stopped mid-write, leaving a .tmp- directory (tests/test_resume.py)
-        self._writer = threading.Thread(
-            target=self._write_behind, args=(state, position, world), name="tether-checkpoint"
-        )
+        self._writer = threading.Thread(target=self._write_behind, args=(state, save), name="tether-checkpoint")
         self._writer.start()
 
-    def _write_behind(self, state: dict[str, Any], position: Position, world: int) -> None:
+    def _write_behind(self, state: dict[str, Any], save: _Save) -> None:
         """The periodic save's thread: it reads what the optimizers change at once (the next
         ``optimizer.step()`` waits for it, so no lower priority), the rest yields the CPU to
         training (Linux: a thread has its own nice)."""
@@ -370,8 +400,23 @@ class Checkpointer:
             with contextlib.suppress(AttributeError, OSError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
+        position = save.position
         try:
-            self._write(state, position, world, emergency=False, released=released)
+            if save.part == 0:
+                self._write(state, position, save.world, save.tmp, emergency=False, released=released, save=save)
+            else:
+                self._write_part(save, released)
+        except _parts.PeerGone as exc:
+            log.warning("tether: the periodic checkpoint of step %d was abandoned: %s", position.step, exc)
+        except _parts.NotShared as exc:
+            self._split = False
+            log.warning(
+                "tether: the periodic checkpoint of step %d failed: %s; is %s one directory that every rank sees? "
+                "Later periodic saves are written by rank 0 alone",
+                position.step,
+                exc,
+                self.dirname,
+            )
         except _tensors.Moved:
             self._eager = True
             log.warning(
@@ -415,23 +460,53 @@ class Checkpointer:
         state: dict[str, Any],
         position: Position,
         world: int,
+        tmp: Path,
         emergency: bool,
         released: Callable[[], None] | None = None,
+        save: _Save | None = None,
     ) -> Path:
-        """The checkpoint of ``position``; ``released`` once the tensors ``pack`` left are read."""
+        """The checkpoint of ``position``, written in ``tmp`` then renamed; ``released`` once
+        the tensors ``pack`` left are read. With ``save`` of several parts, the other
+        ranks write theirs meanwhile, and this waits for them (``_ckpt_parts.gather``)."""
         final = self.dirname / f"step-{position.step:08d}"
-        tmp = self.dirname / f".tmp-step-{position.step:08d}-{os.getpid()}"
+        split = save is not None and save.parts > 1
         tmp.mkdir(parents=True, exist_ok=True)
         try:
             tensors = self._arena.write(tmp / "tensors.bin", self._hurry, released or self._released.set)
         except _tensors.Moved:
-            shutil.rmtree(tmp, ignore_errors=True)  # its own, half of it of no step
+            if not split:  # (a split one's directory holds the other ranks' parts, being written)
+                shutil.rmtree(tmp, ignore_errors=True)  # its own, half of it of no step
             raise
+        found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency)
+        if split:
+            assert save is not None and save.channel is not None
+            client = self._connection(save.channel)
+            others = _parts.gather(save.channel, client, position.step, save.parts, tmp, self._abandon)
+            state = _tensors.resolve(state, _parts.placed(others))
+            found = {**found, "format": _files.SPLIT, "parts": _parts.described(others)}
         torch.save(state, str(tmp / "state.pt"))  # the rest: small
         _files.fsync(tmp / "state.pt")
-        found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency)
         _files.write_manifest(tmp, {**found, **tensors, "state_sha256": _files.digest(tmp / "state.pt")})
         return self._publish(tmp, final)
+
+    def _write_part(self, save: _Save, released: Callable[[], None]) -> None:
+        """A rank's part of a split periodic save: its file, then a word to rank 0 (``_ckpt_parts``)."""
+        assert save.channel is not None
+        client = self._connection(save.channel)
+        try:
+            save.tmp.mkdir(parents=True, exist_ok=True)
+            tensors = self._arena.write(save.tmp / _files.part_name(save.part), self._hurry, released)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # (its own error goes on)
+                _parts.post(save.channel, client, save.position.step, save.part, exc)
+            raise
+        _parts.post(save.channel, client, save.position.step, save.part, {**tensors, "placed": self._arena.placed})
+
+    def _connection(self, channel: Channel) -> Store:
+        """The writer thread's own connection to the job's store (opened once per channel)."""
+        if self._store is None or self._store[0] is not channel:
+            self._store = (channel, channel.client())
+        return self._store[1]
 
     def _publish(self, tmp: Path, final: Path) -> Path:
         """Rename a complete ``.tmp-`` directory to its final name, then rotate."""
@@ -467,6 +542,18 @@ class Checkpointer:
     def _seed(self, step: int, rank: int) -> None:
         if self.seed is not None:
             _randomness.seed_step(self.seed, step, rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Save:
+    """A periodic save in progress: of ``position``, into ``tmp``, in ``parts`` parts."""
+
+    position: Position
+    world: int
+    tmp: Path
+    parts: int
+    part: int  # this rank's: its rank (split), or 0 (rank 0 writes it all)
+    channel: Channel | None  # where the parts meet (``_ckpt_parts``)
 
 
 CLAIM_WINDOW = 0.25  # seconds survivors offer to write the emergency save before the lowest claims it

@@ -5,6 +5,7 @@
     python checkpoint_cases.py last OUT                  (2 ranks, tether.spawn)
     torchrun --nproc-per-node 2 checkpoint_cases.py last OUT
     python checkpoint_cases.py deferred quiet|meddle OUT  (2 ranks, tether.spawn)
+    python checkpoint_cases.py unshared OUT              (2 ranks, tether.spawn)
 
 * ``random``: every rank starts from its own seeds and uses ``seed=None`` (no per-step
   seeding), so only the random states a periodic checkpoint saved can carry randomness
@@ -25,6 +26,9 @@
   ``meddle``: right after step 2's save began, a parameter is changed in place outside
   ``optimizer.step()``: that save must never hold the change: dropped, unless the writer
   wrote it before the change came.
+* ``unshared``: a save after every step of 3, split across the 2 ranks; rank 1's part of
+  step 1 vanishes once written (as on a directory that is not one for both ranks). Rank 0
+  must drop that save, say why, and write the later ones alone.
 """
 
 import os
@@ -133,6 +137,30 @@ def deferred_case(local_rank: int, mode: str, out: str) -> None:
         emit("checked", step=step, same=same)
 
 
+def unshared_case(local_rank: int, out: str) -> None:
+    from tether import _ckpt_parts
+
+    post = _ckpt_parts.post
+
+    def vanishing(channel: object, client: object, step: int, part: int, written: object) -> None:
+        if step == 1:
+            (written_file,) = Path(out, "ckpt").glob(".tmp-step-00000001-*/tensors-1.bin")
+            written_file.unlink()
+        post(channel, client, step, part, written)  # type: ignore[arg-type]
+
+    _ckpt_parts.post = vanishing  # type: ignore[assignment]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(out, "ckpt"), every=1)
+    model(torch.full((1, 256), 0.1)).sum().backward()
+    for i in range(3):
+        with ckpt.step(0, i):
+            opt.step()
+        ckpt.wait()
+    emit("trained", rank=tether.get_rank(), step=ckpt.position.step)
+
+
 def _clones(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     for k, v in opt.state_dict()["state"].items():
@@ -150,6 +178,8 @@ if __name__ == "__main__":
             tether.spawn("gloo", last_case, (sys.argv[2],), nproc_per_node=2)
         elif CASE == "deferred":
             tether.spawn("gloo", deferred_case, (sys.argv[2], sys.argv[3]), nproc_per_node=2)
+        elif CASE == "unshared":
+            tether.spawn("gloo", unshared_case, (sys.argv[2],), nproc_per_node=2)
         elif CASE == "random":
             tether.spawn("gloo", random_case, (sys.argv[2], sys.argv[3]), nproc_per_node=2)
         else:

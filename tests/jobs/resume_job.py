@@ -43,7 +43,7 @@ parser.add_argument("--fail-step", type=int, default=-1)
 parser.add_argument("--fail-rank", type=int, default=1)
 parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--spawn", action="store_true")
-parser.add_argument("--kill-in-save", choices=["periodic", "emergency"], default=None)
+parser.add_argument("--kill-in-save", choices=["periodic", "emergency", "part"], default=None)
 parser.add_argument("--late-allreduce", action="store_true")
 parser.add_argument("--late-by", type=float, default=0.01, help="seconds after the notice (--late-allreduce)")
 parser.add_argument("--late-register", action="store_true")
@@ -55,10 +55,21 @@ LATE_REGISTER = threading.Event()  # set around the backward() whose all-reduce 
 def kill_in_save(kind: str, step: int) -> None:
     """Fault injection: SIGKILL rank 0 in the middle of writing a checkpoint (first attempt only).
 
-    Wraps the Checkpointer's writer: ``state.pt`` is written, the manifest not yet.
+    Wraps the Checkpointer's writer: ``state.pt`` is written, the manifest not yet. ``part``:
+    SIGKILL rank 1 as its writer thread starts on its part of the periodic save of ``step``.
     """
     from tether import checkpoint
 
+    if kind == "part":
+        write_part = checkpoint.Checkpointer._write_part
+
+        def part(self: checkpoint.Checkpointer, save: Any, released: Any) -> None:
+            if save.position.step == step and tether.get_rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            write_part(self, save, released)
+
+        checkpoint.Checkpointer._write_part = part  # type: ignore[method-assign]
+        return
     original = checkpoint.torch.save
 
     def save(obj: object, f: object, *a: object, **kw: object) -> None:
