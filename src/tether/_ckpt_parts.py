@@ -9,11 +9,14 @@ on the job's store, on keys of the failure channel's incarnation::
                               {"tensors_bytes", "tensors_xxh3", "placed": [[offset, nbytes], ...]}
                               or {"failed": "<its error>"}
 
-Rank 0's wait is bounded three ways: a part that failed says so; a peer's failure posted
-on the channel (a rank that died mid-part posts nothing, but the job learns of its death
-within its notice) ends it at once, as does training stopping on this rank (``abandon``:
-the emergency save waits for this thread); and ``WITHIN`` seconds end it whatever happens. Each
-ends the save, never training: the training threads do not wait for this one.
+Rank 0's wait ends four ways: a part that failed says so; a peer's failure posted on the
+channel ends it at once (a rank that died mid-part posts nothing, but the job learns of
+its death within its notice); so does training stopping on this rank (``abandon``: the
+emergency save waits for this thread); and ``WITHIN`` seconds end it whatever happens.
+Each ends the save, never training: the training threads do not wait for this one. A save
+that ends so leaves the keys rank 0 did not read: at most N-1 a dropped save, and drops
+are rare (a peer's failure ends the job; a part whose tensors moved makes its rank's later
+saves copy at once).
 """
 
 from __future__ import annotations

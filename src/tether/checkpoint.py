@@ -143,7 +143,9 @@ class Checkpointer:
     Args:
         objects: name -> object with ``state_dict()``/``load_state_dict()`` (model,
             optimizer, scheduler, a sampler that has them).
-        dirname: the checkpoint directory (created on rank 0).
+        dirname: the checkpoint directory, one that every rank sees (across nodes, a shared
+            file system): every rank writes its part of a periodic save there, and reads
+            it at ``resume``. Created where missing.
         every: save a periodic checkpoint every ``every`` steps (None: emergency only).
         keep: keep the newest ``keep`` checkpoints and delete older ones (None: keep all).
         seed: the base of each step's seed (see the module docstring); None seeds nothing,

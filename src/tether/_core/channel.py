@@ -24,6 +24,7 @@ store) can release, fail or confuse a later one. ``N`` is the world size::
     P/where/<qid>/<rank>    <rank>'s listener        the asker (deletes it)  JSON {where, for: seconds in it}
     P/left/n                every rank at finalize   the store's host        ranks that finished cleanly
     P/sync/<g>/<seq>/...    members of a sync        the same                see ``waits.py``
+    P/checkpoint/<s>/<r>    rank r's save writer     rank 0's (deletes it)   its part of save <s>: see ``_ckpt_parts``
 
 Rules:
 
