@@ -142,7 +142,9 @@ class Checkpointer:
 
     Args:
         objects: name -> object with ``state_dict()``/``load_state_dict()`` (model,
-            optimizer, scheduler, a sampler that has them).
+            optimizer, scheduler, a sampler that has them): replicas, the same on every
+            rank where the optimizers step them (as DDP keeps them), since a periodic
+            save takes each such tensor from one rank, and every rank resumes all of it.
         dirname: the checkpoint directory, one that every rank sees (across nodes, a shared
             file system): every rank writes its part of a periodic save there, and reads
             it at ``resume``. Created where missing.
@@ -272,11 +274,17 @@ class Checkpointer:
             self._stopped(behind, epoch, iteration)
             raise behind from exc
         self.position = _next(epoch, iteration, done)
+        if saving:
+            self._save(offers, rank)
+
+    def _save(self, offers: list[tuple[Any, bool, int]], rank: int) -> None:
+        """The periodic save of ``self.position``, from every rank's (random states, can
+        split, pid), decided alike on every rank."""
         randomness = [random for random, _, _ in offers]
-        split = len(offers) > 1 and all(can for _, can, _ in offers)  # decided alike on every rank
-        if saving and self._sharded is not None:
+        split = len(offers) > 1 and all(can for _, can, _ in offers)
+        if self._sharded is not None:
             self._save_sharded(self.position, randomness)  # every rank writes its shards
-        elif saving and (split or rank == 0):
+        elif split or rank == 0:
             tmp = self.dirname / f".tmp-step-{self.position.step:08d}-{offers[0][2]}"  # rank 0's pid: one for all
             self._save_async(self.position, randomness, tmp, len(offers) if split else 1)
 
