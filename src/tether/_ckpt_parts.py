@@ -11,8 +11,9 @@ on the job's store, on keys of the failure channel's incarnation::
 
 Rank 0's wait ends four ways: a part that failed says so; a peer's failure posted on the
 channel ends it at once (a rank that died mid-part posts nothing, but the job learns of
-its death within its notice); so does training stopping on this rank (``abandon``: the
-emergency save waits for this thread); and ``WITHIN`` seconds end it whatever happens.
+its death within its notice); so does training stopping on this rank (the emergency save
+waits for this thread) or the process ending on a signal (``give_up``); and ``WITHIN``
+seconds end it whatever happens.
 Each ends the save, never training: the training threads do not wait for this one. A save
 that ends so leaves the keys rank 0 did not read: at most N-1 a dropped save, and drops
 are rare (a peer's failure ends the job; a part whose tensors moved makes its rank's later
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,13 @@ def post(channel: Channel, client: Store, step: int, part: int, written: dict[st
 
 
 def gather(
-    channel: Channel, client: Store, step: int, parts: int, tmp: Path, abandon: threading.Event
+    channel: Channel, client: Store, step: int, parts: int, tmp: Path, give_up: Callable[[], bool]
 ) -> dict[int, dict[str, Any]]:
     """Part -> what its writer posted, for parts ``1..parts-1``, each file checked to be in ``tmp``.
 
     Raises:
-        PeerGone: a peer's failure was posted first, or ``abandon`` was set (training
-            stopped: the emergency save waits for this thread).
+        PeerGone: a peer's failure was posted first, or ``give_up()`` said so (training
+            stopped, or the process is ending on a signal).
         TimeoutError: a part was not posted within ``WITHIN`` seconds.
         RuntimeError: a part's writer failed (its error in the message).
         NotShared: a part's file is not where it was written (``tmp`` is not one
@@ -71,8 +72,8 @@ def gather(
     keys = {part: channel.key("checkpoint", step, part) for part in range(1, parts)}
     deadline = time.monotonic() + WITHIN
     while not client.check(list(keys.values())):
-        if abandon.is_set() or channel.failure_count(client):
-            raise PeerGone("a peer failed before every rank's part of the checkpoint was written")
+        if give_up() or channel.failure_count(client):
+            raise PeerGone("a peer failed, or this rank stopped, before every rank's part was written")
         if time.monotonic() >= deadline:
             missing = [part for part, key in keys.items() if not client.check([key])]
             raise TimeoutError(f"rank(s) {missing} wrote no part of it within {WITHIN:.0f} s")

@@ -111,9 +111,9 @@ from . import _ckpt_parts as _parts
 from . import _ckpt_tensors as _tensors
 from . import _randomness, _sharded, collectives, syncs
 from ._core.channel import Channel
-from ._core.hooks import holding
+from ._core.hooks import Hooks, Terminated, holding
 from ._core.runtime import current
-from ._core.verdicts import failure_behind_raw
+from ._core.verdicts import failure_behind_raw, failure_behind_stop
 from .errors import PeerFailure, SyncMismatch, SyncTimeout, TetherError
 
 log = logging.getLogger("tether")
@@ -266,6 +266,14 @@ class Checkpointer:
         except _PEER_FAILURES as exc:
             self._stopped(exc, epoch, iteration)
             raise
+        except Terminated:
+            # a launcher's SIGTERM in the user's code (inside a tether wait it is a peer's
+            # failure already): torchrun's, 0.1 s after a worker died, can come before this
+            # rank learns of that death (a SIGKILLed peer posts nothing)
+            behind = failure_behind_stop(current())
+            if isinstance(behind, _PEER_FAILURES):
+                self._stopped(behind, epoch, iteration)
+            raise
         except RuntimeError as exc:
             # a backend error out of a raw collective (FSDP's, the user's): a victim if a peer's failure is behind it
             behind = None if isinstance(exc, TetherError) else failure_behind_raw(current(), exc, "a training step")
@@ -393,7 +401,7 @@ class Checkpointer:
         self._abandon.clear()
         ctx = current()
         rank, world = ctx.backend.topology.rank, ctx.backend.topology.world_size
-        save = _Save(position, world, tmp, parts, rank if parts > 1 else 0, ctx.channel)
+        save = _Save(position, world, tmp, parts, rank if parts > 1 else 0, ctx.channel, ctx.hooks)
         # not a daemon: a script that ends right after a save (its last step) must not lose
         # it. Python joins such a thread before it exits, as tether.spawn's worker does; a
         # daemon was stopped mid-write, leaving a .tmp- directory (tests/test_resume.py)
@@ -491,7 +499,7 @@ class Checkpointer:
         if split:
             assert save is not None and save.channel is not None
             client = self._connection(save.channel)
-            others = _parts.gather(save.channel, client, position.step, save.parts, tmp, self._abandon)
+            others = _parts.gather(save.channel, client, position.step, save.parts, tmp, lambda: self._giving_up(save))
             state = _tensors.resolve(state, _parts.placed(others))
             found = {**found, "format": _files.SPLIT, "parts": _parts.described(others)}
         torch.save(state, str(tmp / "state.pt"))  # the rest: small
@@ -511,6 +519,18 @@ class Checkpointer:
                 _parts.post(save.channel, client, save.position.step, save.part, exc)
             raise
         _parts.post(save.channel, client, save.position.step, save.part, {**tensors, "placed": self._arena.placed})
+
+    def _giving_up(self, save: _Save) -> bool:
+        """Whether rank 0's wait for the other parts should end (besides a posted failure).
+
+        Yes once training stopped here (``_abandon``: the emergency save waits for this
+        thread), or once the process is ending on a SIGTERM or SIGINT: Python joins this
+        thread before the exit hooks that would post the stop, and the other ranks, stopped
+        too, may never post their parts.
+        """
+        if self._abandon.is_set():
+            return True
+        return save.hooks is not None and save.hooks.signalled is not None and not threading.main_thread().is_alive()
 
     def _connection(self, channel: Channel) -> Store:
         """The writer thread's own connection to the job's store (opened once per channel)."""
@@ -564,6 +584,7 @@ class _Save:
     parts: int
     part: int  # this rank's: its rank (split), or 0 (rank 0 writes it all)
     channel: Channel | None  # where the parts meet (``_ckpt_parts``)
+    hooks: Hooks | None  # this rank's signal hooks (``Checkpointer._giving_up``)
 
 
 CLAIM_WINDOW = 0.25  # seconds survivors offer to write the emergency save before the lowest claims it

@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ parser.add_argument("--kill-in-save", choices=["periodic", "emergency", "part"],
 parser.add_argument("--late-allreduce", action="store_true")
 parser.add_argument("--late-by", type=float, default=0.01, help="seconds after the notice (--late-allreduce)")
 parser.add_argument("--late-register", action="store_true")
+parser.add_argument("--sleep-at", type=int, default=-1, help="rank 0 sleeps 1 s in its code at this step (attempt 0)")
 
 LATE = threading.Event()  # set around the backward() whose all-reduce is handed back late
 LATE_REGISTER = threading.Event()  # set around the backward() whose all-reduce is registered late
@@ -194,6 +196,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                 with ckpt.step(epoch, i):
                     if attempt == 0 and ckpt.position.step == args.fail_step and rank == args.fail_rank:
                         raise RuntimeError(f"injected failure at step {args.fail_step} on rank {rank}")
+                    if attempt == 0 and ckpt.position.step == args.sleep_at and rank == 0:
+                        time.sleep(1.0)  # in the user's code, not a tether call, when a launcher's SIGTERM comes
                     loss = (model(xb) - yb).pow(2).mean()
                     if attempt == 0 and ckpt.position.step == args.fail_step - 1:  # rank R's last step
                         if args.late_allreduce:
