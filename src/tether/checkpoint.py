@@ -52,7 +52,8 @@ steps continues exactly too.
 
 **The emergency checkpoint.** When ``PeerFailure``, ``PeerLost``, ``SyncTimeout`` or
 ``SyncMismatch`` leaves the step (or a backend error out of a raw collective, such as
-FSDP's, that a peer's failure explains), the replica is consistent if the optimizer's
+FSDP's, that a peer's failure explains, or a launcher's SIGTERM that a peer's death
+explains, come while the user's code ran), the replica is consistent if the optimizer's
 step had not begun (the state is the last completed step's) or had finished (it is this
 step's); the Checkpointer knows which from hooks on the optimizer. The consistent
 survivors offer to write it; after ``CLAIM_WINDOW`` (0.25 s) the lowest of them claims it
