@@ -85,8 +85,8 @@ def waits(local_rank: int) -> None:
             raised(rank, exc)
             raise
         return
+    start = time.monotonic()  # before the work's clock starts: elapsed >= COMPLETES_AFTER exactly
     work = FakeNcclWork(COMPLETES_AFTER if HOW == "waits_finish" else None)
-    start = time.monotonic()
     try:
         timeout = 1.0 if HOW == "waits_timeout" else None
         run_work(ctx, lambda: work, world, "all_reduce(SUM, float32[4])", timeout, polled=True)
