@@ -480,6 +480,20 @@ def test_a_part_that_rank_0_cannot_see_drops_that_save_and_rank_0_writes_the_lat
     assert res.leftovers == []
 
 
+@pytest.mark.timeout(BOUND + 60)
+def test_a_stop_while_rank_0_waits_for_a_part_ends_its_process_at_once(tmp_path: Path) -> None:
+    # Python joins rank 0's writer before anything posts the stop: unless the wait for the
+    # part that never comes ends on the signal, the process lives until it runs out (123 s
+    # seen with that clause of Checkpointer._giving_up removed)
+    res = _harness.torchrun("checkpoint_cases.py", "stopped", str(tmp_path), nproc=2, bound=BOUND)
+    out = res.output
+    assert res.elapsed < 30, f"{res.elapsed:.0f} s\n" + out[-3000:]
+    assert "the periodic checkpoint of step 1 was abandoned: a peer failed, or this rank stopped" in out, out[-3000:]
+    assert "[rank 1] stopped: PeerFailure: rank 0 failed: Terminated: stopped by SIGTERM" in out, out[-3000:]
+    assert re.search(r"Root Cause[^\n]*\n\[0\]:.*?exitcode\s*: 143", out, re.S), out[-3000:]
+    assert res.leftovers == []
+
+
 def _events(res: Result, event: str) -> list[dict[str, object]]:
     from _core import lc_events
 

@@ -6,6 +6,7 @@
     torchrun --nproc-per-node 2 checkpoint_cases.py last OUT
     python checkpoint_cases.py deferred quiet|meddle OUT  (2 ranks, tether.spawn)
     python checkpoint_cases.py unshared OUT              (2 ranks, tether.spawn)
+    torchrun ... checkpoint_cases.py stopped OUT         (2 ranks, torchrun)
 
 * ``random``: every rank starts from its own seeds and uses ``seed=None`` (no per-step
   seeding), so only the random states a periodic checkpoint saved can carry randomness
@@ -29,6 +30,11 @@
 * ``unshared``: a save after every step of 3, split across the 2 ranks; rank 1's part of
   step 1 vanishes once written (as on a directory that is not one for both ranks). Rank 0
   must drop that save, say why, and write the later ones alone.
+* ``stopped``: rank 1's part of the save of step 1 is never posted (its writer returns
+  without a word); rank 1 then waits in a barrier. Rank 0, its writer waiting for that
+  part, gets a SIGTERM in its own code (a stop no peer's failure explains). Its process
+  must end at once, not when its writer's wait runs out (``_ckpt_parts.WITHIN``): Python
+  joins that thread before anything would post the stop.
 """
 
 import os
@@ -161,6 +167,30 @@ def unshared_case(local_rank: int, out: str) -> None:
     emit("trained", rank=tether.get_rank(), step=ckpt.position.step)
 
 
+def stopped_case(local_rank: int, out: str) -> None:
+    import signal
+
+    from tether import checkpoint
+
+    rank = tether.get_rank()
+    if rank == 1:
+        checkpoint.Checkpointer._write_part = lambda self, save, released: released()  # type: ignore[method-assign]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(out, "ckpt"), every=1, emergency=False)
+    model(torch.full((1, 256), 0.1)).sum().backward()
+    with ckpt.step(0, 0):
+        opt.step()
+    if rank == 1:
+        tether.barrier()
+        return
+    time.sleep(0.5)  # rank 0's writer waits for rank 1's part meanwhile
+    emit("stopping", rank=rank, at=time.time())
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # in its own code when the stop comes
+
+
 def _clones(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     for k, v in opt.state_dict()["state"].items():
@@ -172,6 +202,10 @@ if __name__ == "__main__":
     if CASE == "last" and "RANK" in os.environ:  # under torchrun: the script is the rank
         tether.initialize("gloo")
         last_case(tether.get_local_rank(), sys.argv[2])
+        sys.exit(0)
+    if CASE == "stopped":  # under torchrun
+        tether.initialize("gloo")
+        stopped_case(tether.get_local_rank(), sys.argv[2])
         sys.exit(0)
     try:
         if CASE == "last":
