@@ -88,7 +88,7 @@ def gather(
             raise RuntimeError(f"rank {part} could not write its part: {told['failed']}")
         path = tmp / _files.part_name(part)
         size = path.stat().st_size if path.exists() else None
-        if size != -(-int(told["tensors_bytes"]) // _tensors.ALIGN) * _tensors.ALIGN:
+        if size != _tensors.file_size(int(told["tensors_bytes"])):
             raise NotShared(f"rank {part} wrote its part, and {path} is {'missing' if size is None else 'short'} here")
     return found
 

@@ -140,7 +140,7 @@ class Arena:
         skeleton = _place(state, placed, lambda t: t.data_ptr() in later and _in_place(t), _dealer(split))
         self.placed = [(slot.offset, slot.nbytes) for slot, _ in placed]
         self.used = placed[-1][0].offset + placed[-1][0].nbytes if placed else 0
-        size = -(-self.used // ALIGN) * ALIGN
+        size = file_size(self.used)
         if size > len(self._bytes):
             self._map = mmap.mmap(-1, size)  # anonymous memory: page-aligned, as O_DIRECT needs
             self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
@@ -172,7 +172,7 @@ class Arena:
                 file may hold a later value, or part of one. ``released`` was called.
         """
         pending, self.pending = self.pending, []
-        padded = -(-self.used // ALIGN) * ALIGN
+        padded = file_size(self.used)
         digest = xxhash.xxh3_64()
         done = False
 
@@ -236,6 +236,11 @@ class Arena:
         return memoryview(self._map)[start:end]
 
 
+def file_size(used: int) -> int:
+    """The size of the file that holds ``used`` bytes of tensors: whole pages (``O_DIRECT``)."""
+    return -(-used // ALIGN) * ALIGN
+
+
 def read(path: Path, found: dict[str, Any]) -> torch.Tensor | None:
     """The tensors' bytes of ``tensors.bin`` at ``path``, read once; None unless they are
     the bytes the manifest ``found`` hashed.
@@ -245,7 +250,7 @@ def read(path: Path, found: dict[str, Any]) -> torch.Tensor | None:
     nothing in the page cache for training to evict.
     """
     used = found.get("tensors_bytes")
-    if not isinstance(used, int) or path.stat().st_size != -(-used // ALIGN) * ALIGN:
+    if not isinstance(used, int) or path.stat().st_size != file_size(used):
         return None
     data = torch.empty(used, dtype=torch.uint8)
     view = data.numpy().data.cast("B")
