@@ -30,7 +30,7 @@ from . import context, lent
 from .channel import wait_keys
 from .context import Context
 from .failures import report_failure
-from .hooks import Hooks, Terminated
+from .hooks import Hooks, Terminated, ending_without_teardown
 from .stores import CLOSE_WAIT, StoreProbe
 from .watchdog import join_lingering
 
@@ -119,11 +119,12 @@ def _at_exit() -> None:
     aborts its NCCL communicators as ``finalize`` would. One that a SIGTERM
     is ending (``Terminated`` reached the top) posts the stop, as ``finalize`` would,
     rather than a clean exit, and an owned one then ends at once (see ``_end_stopped``).
-    Then the rank waits until the backend's threads have given back the tensors of the
-    last collectives, up to ``lent.SETTLE`` seconds (a worker that drops one during the
-    teardown aborts the process: see ``lent.py``), and for the threads of contexts
-    retired on the happy path that had not ended yet, up to ``LINGER`` seconds (see
-    "Stopping" in ``watchdog.py``).
+    Then, unless no teardown follows (an owned process's excepthook runs this before
+    ``os._exit``: ``hooks.ending_without_teardown``), the rank waits until the backend's
+    threads have given back the tensors of the last collectives, up to ``lent.SETTLE``
+    seconds (a worker that drops one during the teardown aborts the process: see
+    ``lent.py``), and for the threads of contexts retired on the happy path that had not
+    ended yet, up to ``LINGER`` seconds (see "Stopping" in ``watchdog.py``).
     """
     ctx = context.peek()
     if ctx is not None:
@@ -143,6 +144,11 @@ def _at_exit() -> None:
             # aborted here, it exited 1). Not enough where the abort came earlier, mid-work:
             # docs/nccl.md, "Known limits".
             ctx.backend.shutdown(clean=False)
+    if ending_without_teardown():
+        # the excepthook ends the process next (os._exit): no teardown to wait for. A
+        # survivor's work left pending on the dead peer cost every survivor 2 s here,
+        # and a warning each (seen under torchrun: a killed rank, the others in all_reduce)
+        return
     held = lent.settle()
     if held:
         log.warning(

@@ -52,6 +52,18 @@ from typing import Any
 
 from ..errors import ExitCode, TetherError
 
+_ending = threading.Event()  # an owned process's excepthook runs the exit functions, then ``os._exit``
+
+
+def ending_without_teardown() -> bool:
+    """Whether the exit functions now running are the excepthook's, before ``os._exit``.
+
+    No Python teardown follows them, so what an exit function guards against it (a
+    backend's thread or one of tether's caught by the teardown: ``ending._at_exit``) has
+    nothing to guard, and waiting for those threads only delays the end.
+    """
+    return _ending.is_set()
+
 
 class Terminated(SystemExit):
     """SIGTERM arrived; the process stops with exit code 128 + signal."""
@@ -229,6 +241,7 @@ class Hooks:
         if not self._owned:
             return
         if not self._stop_pending:
+            _ending.set()
             atexit._run_exitfuncs()
         self._end(exit_code_for(shown))
 

@@ -37,6 +37,9 @@ waited for only until ``SETTLE`` seconds after it was done: a worker drops a fin
 work within its loop's next few microseconds, and references still there after that are
 the program's. A work that may still be in flight (an async raw work, a call that
 raised) is waited for by its count alone, and only such a work is the warning's subject.
+A process that tether ends after a failure (its excepthook runs the exit functions, then
+``os._exit``) has no teardown ahead, and does not wait: a survivor's work left pending on
+the dead peer cost each survivor the whole ``SETTLE`` and a warning there (under torchrun).
 Not covered: the works of ``isend``/``irecv`` and of DDP's reducer, which tether does not
 issue or wrap.
 
