@@ -239,17 +239,19 @@ class Checkpointer:
             for name, obj in self.objects.items():
                 obj.load_state_dict(state["objects"][name])
         randomness = state.get("random")
+        rank = ctx.backend.topology.rank
         if isinstance(randomness, list) and len(randomness) == world:
-            _randomness.restore(randomness[ctx.backend.topology.rank])
-        elif self.seed is None:
+            _randomness.restore(randomness[rank])
+        elif self.seed is None and rank == 0:  # (every rank loaded the same: one line says it)
             log.warning(
                 "tether: the checkpoint of step %d carries no random states (an emergency save cannot hold a "
                 "failed rank's), and seed=None: randomness after the resume differs from an uninterrupted run",
                 step,
             )
         self.position = Position(int(manifest["epoch"]), int(manifest["iteration"]), int(manifest["step"]))
-        kind = "emergency" if manifest.get("emergency") else "periodic"
-        log.warning("tether: resumed from the %s checkpoint of step %d (%s)", kind, step, path)
+        if rank == 0:
+            kind = "emergency" if manifest.get("emergency") else "periodic"
+            log.warning("tether: resumed from the %s checkpoint of step %d (%s)", kind, step, path)
         return self.position
 
     @contextlib.contextmanager
