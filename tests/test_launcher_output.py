@@ -6,7 +6,8 @@ terminal: how often the root cause's message appears, how many tracebacks, no wa
 lines, the launcher's exit code and every rank's. Plus the four asserts of every failure
 test: in bound, the survivors stopped with the documented error, the root cause named,
 nothing left. One test (``jobs/output_host_gone.py``) checks that a rank whose store host
-has gone ends without a word to the closed store.
+has gone ends without a word to the closed store; one (``jobs/output_killed.py``) that the
+survivors of a rank killed mid-collective end at once, without a warning.
 """
 
 from __future__ import annotations
