@@ -7,7 +7,9 @@ lines, the launcher's exit code and every rank's. Plus the four asserts of every
 test: in bound, the survivors stopped with the documented error, the root cause named,
 nothing left. One test (``jobs/output_host_gone.py``) checks that a rank whose store host
 has gone ends without a word to the closed store; one (``jobs/output_killed.py``) that the
-survivors of a rank killed mid-collective end at once, without a warning.
+survivors of a rank killed mid-collective end at once, without a warning; one
+(``jobs/output_stop_in_finalize.py``) that a launcher's stop in ``finalize()`` after a
+failure ends the rank with the failure's code.
 """
 
 from __future__ import annotations
@@ -164,6 +166,19 @@ def test_survivors_of_a_rank_killed_in_a_collective_end_at_once_under_torchrun_w
     assert all(t < 1.0 for t in took.values()), took
     assert "still hold" not in res.stderr, res.stderr[-3000:]
     assert_quiet(res)
+    assert res.leftovers == []
+
+
+def test_a_stop_that_lands_in_finalize_after_a_failure_ends_the_rank_with_the_failures_code() -> None:
+    res = torchrun("output_stop_in_finalize.py", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 1, res.output[-3000:]  # torchrun's code for a failed job
+    failures = torchrun_failures(res.stderr)
+    assert failures[1][0] == 1 and ROOT in failures[1][1], res.stderr  # the root cause, rank 1
+    # rank 0: the peer's failure, with its code (before: -15, and 143 through Python's
+    # teardown in the fault matrix, as the handler's Terminated cut the retire short)
+    assert failures[0][0] == int(ExitCode.PEER_FAILED), res.stderr
+    assert failures[0][1].startswith("PeerFailure: rank 1 failed: " + ROOT), res.stderr
+    assert "teardown may abort" not in res.stderr, res.stderr[-3000:]
     assert res.leftovers == []
 
 

@@ -210,15 +210,22 @@ def finalize() -> None:
         clean = False
     finally:
         clean = clean and not ctx.failed
-        retire(ctx)
-        if ctx.owns_group:
-            ctx.backend.shutdown(clean)
-        elif clean and dist.is_initialized() and dist.group.WORLD is ctx.pg:
-            dist.destroy_process_group()
-        if not clean:
-            context.abandon_process_group()
+        # after a failure a launcher's SIGTERM may land here (it stops every rank once one
+        # ended): noted, not raised, so the retire completes and the rank ends as the failure says
+        deferring = hooks.deferring_stops() if hooks is not None and not clean else contextlib.nullcontext()
+        with deferring:
+            retire(ctx)
+            if ctx.owns_group:
+                ctx.backend.shutdown(clean)
+            elif clean and dist.is_initialized() and dist.group.WORLD is ctx.pg:
+                dist.destroy_process_group()
+            if not clean:
+                context.abandon_process_group()
     if isinstance(in_flight, Terminated):
         _end_stopped(hooks, behind, in_flight)
+    elif hooks is not None and hooks.owned and not clean and hooks.stop_pending:
+        shown = behind if isinstance(behind, TetherError) else in_flight or ctx.watchdog.failure
+        hooks.end(shown or Terminated(128 + signal.SIGTERM))  # as ``Hooks.stop_after`` ends a held stop
 
 
 def _leave(ctx: Context) -> None:

@@ -30,6 +30,8 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
   step before ``optimizer.step()``, and the emergency checkpoint was a step short (seen in
   a default run under load; ``tests/test_resume.py``, ``result-after-sigterm``). The
   ladder still ends the process within ``grace`` if nothing raises the failure.
+* **Retiring.** ``finalize`` after a failure defers a SIGTERM while it retires the
+  context (``deferring_stops``), then ends an owned process with the failure's code.
 * **Posting.** A failure posted on the main thread before it reaches the excepthook (a
   ``finally: finalize()``, ``Parallel.run``) holds SIGTERM and SIGINT while it is posted
   (``posting``): a launcher's stop that lands in the post's store round trips raised
@@ -142,6 +144,7 @@ class Hooks:
         self.signalled: int | None = None
         self._ending_code: int | None = None  # set once the excepthook decided the exit code
         self._stop_pending = False  # a SIGTERM/SIGINT came while the failure was being posted
+        self._deferring = False  # ``deferring_stops``: a SIGTERM is only noted
 
     def install(self) -> None:
         self._saved["excepthook"] = sys.excepthook
@@ -206,6 +209,26 @@ class Hooks:
             self._on_signal(signum, None)
         self.end(shown)
 
+    @contextlib.contextmanager
+    def deferring_stops(self) -> Iterator[None]:
+        """In this block a SIGTERM is only noted (``stop_pending``); the caller then ends the process.
+
+        For ``finalize`` after a failure: a launcher's stop that lands in its retire raised
+        ``Terminated`` there, which replaced the failure, skipped the rest of the retire and
+        ended the rank through Python's teardown, with 143 or -15 for its code (seen in the
+        fault matrix's rows where the store's host dies).
+        """
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+
+    @property
+    def stop_pending(self) -> bool:
+        """Whether a SIGTERM or SIGINT was held or deferred, for the code that ends the process."""
+        return self._stop_pending
+
     @property
     def owned(self) -> bool:
         """Whether tether ends this process after a failure (see the module docstring)."""
@@ -259,7 +282,7 @@ class Hooks:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signalled = signum
-        if signum == signal.SIGTERM and self._owned and self._defer_stop():
+        if signum == signal.SIGTERM and self._owned and (self._deferring or self._defer_stop()):
             self._stop_pending = True  # the known failure ends the process (see the module docstring)
             return
         if signum == signal.SIGINT:
