@@ -169,13 +169,15 @@ def test_survivors_of_a_rank_killed_in_a_collective_end_at_once_under_torchrun_w
     assert res.leftovers == []
 
 
-def test_a_stop_that_lands_in_finalize_after_a_failure_ends_the_rank_with_the_failures_code() -> None:
-    res = torchrun("output_stop_in_finalize.py", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+@pytest.mark.parametrize("where", ["watchdog", "uninstalled"])
+def test_a_stop_that_lands_in_finalize_after_a_failure_ends_the_rank_with_the_failures_code(where: str) -> None:
+    env = {"OMP_NUM_THREADS": "1", "STOP_AT": where}
+    res = torchrun("output_stop_in_finalize.py", nproc=2, bound=BOUND, env=env)
     assert res.returncode == 1, res.output[-3000:]  # torchrun's code for a failed job
     failures = torchrun_failures(res.stderr)
     assert failures[1][0] == 1 and ROOT in failures[1][1], res.stderr  # the root cause, rank 1
-    # rank 0: the peer's failure, with its code (before: -15, and 143 through Python's
-    # teardown in the fault matrix, as the handler's Terminated cut the retire short)
+    # rank 0: the peer's failure, with its code (before: -15 both ways here; 143 through
+    # Python's teardown in the fault matrix, where the handler's Terminated cut the retire short)
     assert failures[0][0] == int(ExitCode.PEER_FAILED), res.stderr
     assert failures[0][1].startswith("PeerFailure: rank 1 failed: " + ROOT), res.stderr
     assert "teardown may abort" not in res.stderr, res.stderr[-3000:]

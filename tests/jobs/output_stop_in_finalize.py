@@ -1,35 +1,56 @@
 """A torchrun job whose rank 0 gets the launcher's SIGTERM while ``finalize()`` retires it after a failure.
 
-    torchrun --nproc_per_node 2 output_stop_in_finalize.py
+    STOP_AT=watchdog|uninstalled torchrun --nproc_per_node 2 output_stop_in_finalize.py
 
 Rank 1 raises in ``one_rank_first``; rank 0, waiting there, raises ``PeerFailure`` and calls
-``finalize()`` in its ``finally:``, as ``Parallel`` and a plain script do. Where the store's
-host is gone (the fault matrix's store-host rows) that retire can take a while, and
-torchrun's SIGTERM landed in it now and then; here rank 0 sends itself the SIGTERM as the
-retire stops its watchdog (``Watchdog.stop`` wrapped: after the context is uninstalled,
-before the signal handlers are), so it lands there every time.
+``finalize()`` in its ``finally:``, as ``Parallel`` and a plain script do. torchrun's
+SIGTERM, sent once rank 1 ended, can land in that retire (seen in the fault matrix's rows
+where the store's host dies, where the retire takes a while). Here rank 0 sends itself one
+SIGTERM at a chosen point of it, so it lands there every time: ``watchdog``, as the retire
+stops the watchdog (tether's handler still installed); ``uninstalled``, right after the
+retire put the previous signal handlers back.
 """
 
 import os
 import signal
 
 import tether as idist
+from tether._core.hooks import Hooks
 from tether._core.watchdog import Watchdog
 
-original = Watchdog.stop
-stopped = []
+sent = []
 
 
-def stop_after_a_sigterm(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-    if self.failure is not None and not stopped:  # one SIGTERM, as a launcher sends
-        stopped.append(True)
+def send_once() -> None:
+    if not sent:  # one SIGTERM, as a launcher sends
+        sent.append(True)
         os.kill(os.getpid(), signal.SIGTERM)  # its handler runs at the next bytecode: here
-    return original(self, *args, **kwargs)
+
+
+def stop_watchdog(original):  # type: ignore[no-untyped-def]
+    def stop(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.failure is not None:
+            send_once()
+        return original(self, *args, **kwargs)
+
+    return stop
+
+
+def uninstall_hooks(original):  # type: ignore[no-untyped-def]
+    def uninstall(self, keep_exit=False):  # type: ignore[no-untyped-def]
+        original(self, keep_exit)
+        if keep_exit:  # (after a failure)
+            send_once()
+
+    return uninstall
 
 
 if __name__ == "__main__":
     if os.environ["RANK"] == "0":
-        Watchdog.stop = stop_after_a_sigterm
+        if os.environ["STOP_AT"] == "watchdog":
+            Watchdog.stop = stop_watchdog(Watchdog.stop)
+        else:
+            Hooks.uninstall = uninstall_hooks(Hooks.uninstall)
     idist.initialize("gloo")
     try:
         with idist.one_rank_first(rank=1):

@@ -210,10 +210,12 @@ def finalize() -> None:
         clean = False
     finally:
         clean = clean and not ctx.failed
-        # after a failure a launcher's SIGTERM may land here (it stops every rank once one
-        # ended): noted, not raised, so the retire completes and the rank ends as the failure says
-        deferring = hooks.deferring_stops() if hooks is not None and not clean else contextlib.nullcontext()
-        with deferring:
+        # after a failure, a launcher's SIGTERM (it stops every rank once one ended) that
+        # lands in the retire, or after it, ends the rank with the failure's code
+        shown = behind if isinstance(behind, TetherError) else in_flight or ctx.watchdog.failure
+        shown = shown or Terminated(128 + signal.SIGTERM)
+        ending = hooks.ending_on_stop(shown) if hooks is not None and not clean else contextlib.nullcontext()
+        with ending:
             retire(ctx)
             if ctx.owns_group:
                 ctx.backend.shutdown(clean)
@@ -223,9 +225,6 @@ def finalize() -> None:
                 context.abandon_process_group()
     if isinstance(in_flight, Terminated):
         _end_stopped(hooks, behind, in_flight)
-    elif hooks is not None and hooks.owned and not clean and hooks.stop_pending:
-        shown = behind if isinstance(behind, TetherError) else in_flight or ctx.watchdog.failure
-        hooks.end(shown or Terminated(128 + signal.SIGTERM))  # as ``Hooks.stop_after`` ends a held stop
 
 
 def _leave(ctx: Context) -> None:

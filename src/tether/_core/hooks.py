@@ -30,8 +30,9 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
   step before ``optimizer.step()``, and the emergency checkpoint was a step short (seen in
   a default run under load; ``tests/test_resume.py``, ``result-after-sigterm``). The
   ladder still ends the process within ``grace`` if nothing raises the failure.
-* **Retiring.** ``finalize`` after a failure defers a SIGTERM while it retires the
-  context (``deferring_stops``), then ends an owned process with the failure's code.
+* **Retiring.** ``finalize`` after a failure holds SIGTERM while it retires the context,
+  and from then on a SIGTERM ends an owned process with the failure's code
+  (``ending_on_stop``).
 * **Posting.** A failure posted on the main thread before it reaches the excepthook (a
   ``finally: finalize()``, ``Parallel.run``) holds SIGTERM and SIGINT while it is posted
   (``posting``): a launcher's stop that lands in the post's store round trips raised
@@ -144,7 +145,6 @@ class Hooks:
         self.signalled: int | None = None
         self._ending_code: int | None = None  # set once the excepthook decided the exit code
         self._stop_pending = False  # a SIGTERM/SIGINT came while the failure was being posted
-        self._deferring = False  # ``deferring_stops``: a SIGTERM is only noted
 
     def install(self) -> None:
         self._saved["excepthook"] = sys.excepthook
@@ -210,24 +210,26 @@ class Hooks:
         self.end(shown)
 
     @contextlib.contextmanager
-    def deferring_stops(self) -> Iterator[None]:
-        """In this block a SIGTERM is only noted (``stop_pending``); the caller then ends the process.
+    def ending_on_stop(self, shown: BaseException) -> Iterator[None]:
+        """For ``finalize`` after a failure: a SIGTERM in this block is held; from its end on,
+        a SIGTERM ends this owned process at once with ``shown``'s code, a held one then.
 
-        For ``finalize`` after a failure: a launcher's stop that lands in its retire raised
-        ``Terminated`` there, which replaced the failure, skipped the rest of the retire and
-        ended the rank through Python's teardown, with 143 or -15 for its code (seen in the
-        fault matrix's rows where the store's host dies).
+        Before, a launcher's stop that landed in the retire raised ``Terminated`` there
+        (which replaced the failure, cut the retire short and ended the rank through
+        Python's teardown, 143), and one that came after it killed the rank by the signal
+        (-15), tether's handler being gone. Only the main thread can swap handlers.
         """
-        self._deferring = True
+        if not self._owned or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        came: list[int] = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: came.append(signum))
         try:
             yield
         finally:
-            self._deferring = False
-
-    @property
-    def stop_pending(self) -> bool:
-        """Whether a SIGTERM or SIGINT was held or deferred, for the code that ends the process."""
-        return self._stop_pending
+            signal.signal(signal.SIGTERM, lambda signum, frame: self.end(shown))  # first: no stop lost
+            if came:
+                self.end(shown)  # as ``stop_after`` ends a stop held during the post
 
     @property
     def owned(self) -> bool:
@@ -282,7 +284,7 @@ class Hooks:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signalled = signum
-        if signum == signal.SIGTERM and self._owned and (self._deferring or self._defer_stop()):
+        if signum == signal.SIGTERM and self._owned and self._defer_stop():
             self._stop_pending = True  # the known failure ends the process (see the module docstring)
             return
         if signum == signal.SIGINT:
