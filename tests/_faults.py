@@ -165,6 +165,7 @@ def _result(rank: int, exc: BaseException) -> None:
     if isinstance(exc, idist.SyncTimeout):
         data["missing"] = exc.missing
         data["failing"] = exc.record.rank if exc.record is not None else None
+        data["pid"] = exc.record.pid if exc.record is not None else None
     if isinstance(exc, idist.SyncMismatch):
         data["calls"] = {str(k): v for k, v in exc.calls.items()}
         data["failing"] = exc.record.rank if exc.record is not None else None

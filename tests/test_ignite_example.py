@@ -54,5 +54,10 @@ def test_a_stall_in_ignites_metric_reduction_is_a_sync_timeout_naming_the_stalle
     root = re.search(r"Root cause: rank 1 failed: SyncTimeout: (.*) timed out after 4 s: rank\(s\) \[1\]", res.stderr)
     assert root is not None, res.stderr[-3000:]
     assert ranks(res)["0"] == "stopped: TIMEOUT (exited with code 4)", res.stderr[-3000:]
+    # the waiting rank posted the timeout; the launcher knows where its child, the staller, ran
+    assert re.search(r"\n  on host \S+, pid [1-9]\d*, in user code\n", res.stderr), res.stderr[-3000:]
+    # the staller's stack, in the error's text, is printed once: in its own notice, not again
+    # there nor in each of ignite's "terminating" lines on rank 0 (4: two engines, two lines each)
+    assert res.stderr.count(", in inject\n") == 1, res.stderr[-6000:]
     assert res.elapsed < BOUND
     assert res.leftovers == []

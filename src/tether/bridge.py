@@ -15,12 +15,22 @@ top); or explicitly, ``tether.patch_ignite()``, for a script that imports ignite
 tether never imports ignite by itself. ignite code that bound a function at import time
 (``from ignite.distributed import all_reduce``) keeps ignite's; its collectives are then
 still raw ``torch.distributed`` calls, which tether marks and explains (``_core/rawcalls.py``).
+
+ignite's ``Engine`` logs ``Engine run is terminating due to exception: <error>`` (and
+``Current run ...``) on every rank, for every engine the error passes through. A tether
+error's text goes on past its first line with each rank's whereabouts (a stack each),
+which tether's report shows once; on the Engine's loggers, such a line keeps the error's
+first line (``_FirstLineOfTetherErrors``). The loggers are ``Engine``'s,
+``DeterministicEngine``'s and those of any other subclass created by then.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
+
+from .errors import TetherError
 
 __all__ = ["patch_ignite"]
 
@@ -80,3 +90,26 @@ def _patch() -> None:
         for attr in PATCHED:
             if hasattr(module, attr):
                 setattr(module, attr, getattr(tether, attr))
+    made = [name for name in logging.root.manager.loggerDict if name.startswith(_ENGINE_LOGGERS)]
+    for name in {*made, _ENGINE_LOGGERS + "Engine", _ENGINE_LOGGERS + "DeterministicEngine"}:
+        engine_log = logging.getLogger(name)
+        if not any(isinstance(f, _FirstLineOfTetherErrors) for f in engine_log.filters):
+            engine_log.addFilter(_FirstLineOfTetherErrors())
+
+
+_ENGINE_LOGGERS = "ignite.engine.engine."  # + the class's name: an Engine's logger
+_TERMINATING = "terminating due to exception: "
+
+
+class _FirstLineOfTetherErrors(logging.Filter):
+    """Cuts an Engine's "terminating due to exception" line about a tether error to its first line.
+
+    The Engine logs it inside its ``except`` clause, so the error is the one in flight.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.msg
+        ours = isinstance(sys.exc_info()[1], TetherError)
+        if ours and isinstance(text, str) and _TERMINATING in text and "\n" in text and not record.args:
+            record.msg = text.split("\n", 1)[0]
+        return True

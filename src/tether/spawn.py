@@ -29,6 +29,7 @@ a function that cannot be pickled, before any process starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
@@ -329,6 +330,8 @@ class _Supervisor:
         if not self.store_gone:
             with contextlib.suppress(Exception):  # another node's launcher may host the store, and be gone
                 records = self.channel.records()
+        if records:
+            records[0] = self._placed(records[0])
         everywhere = raised_everywhere(records, self.world_size)
         outcomes = {
             self.first_rank + local: RankOutcome(
@@ -348,6 +351,15 @@ class _Supervisor:
         error = JobFailed(records[0] if records else None, self.codes, report, cause)
         end_quietly_if_uncaught(error)
         raise error
+
+    def _placed(self, record: FailureRecord) -> FailureRecord:
+        """``record`` with the host and pid of its rank filled in where it is a child of this
+        launcher and its reporter did not know them (a timeout posted by a waiting rank)."""
+        local = record.rank - self.first_rank
+        if record.host or not 0 <= local < len(self.procs):
+            return record
+        pid = record.pid or self.procs[local].pid or 0
+        return dataclasses.replace(record, host=socket.gethostname(), pid=pid)
 
 
 def _line(code: int | None, records: list[FailureRecord], rank: int, everywhere: bool = False) -> str:

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import time
+from typing import Any
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
@@ -19,6 +20,7 @@ from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherEr
 from .channel import ROOT_WAIT
 from .context import Context
 from .group import Group, tag
+from .liveness import HostJudge
 from .record import KIND_FINISHED, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
@@ -82,8 +84,7 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
         message=str(own).splitlines()[0],
         where=_first_line(where[culprit]) if culprit in where else call,
         time=time.time(),
-        host=socket.gethostname() if culprit == me else "",
-        pid=os.getpid() if culprit == me else 0,
+        **_placed(ctx, culprit),
         reporter=me,
         detail={
             "call": call,
@@ -96,6 +97,18 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
     )
     own.record = record
     return post_and_pick(ctx, record, own)
+
+
+def _placed(ctx: Context, rank: int) -> dict[str, Any]:
+    """``host`` and ``pid`` of ``rank`` for its record, where this rank knows them: its own,
+    or one of its host's ranks, whose pids the liveness judge learnt; else unknown."""
+    assert ctx.channel is not None and ctx.watchdog is not None
+    if rank == ctx.channel.rank:
+        return {"host": socket.gethostname(), "pid": os.getpid()}
+    judge = ctx.watchdog.judge
+    if isinstance(judge, HostJudge) and rank in judge.pids:
+        return {"host": judge.host, "pid": judge.pids[rank]}
+    return {"host": "", "pid": 0}
 
 
 def _in_a_call(whereabouts: str) -> bool:

@@ -514,9 +514,17 @@ class Watchdog:
 
 
 def render_notice(rank: int, failure: TetherError, whereabouts: str, grace: float) -> str:
-    """What the watchdog prints before ending a rank whose main thread never took the failure."""
+    """What the watchdog prints before ending a rank whose main thread never took the failure.
+
+    A timeout this rank caused already shows where it stalled; the same frames again
+    (the usual case: still there) are left out.
+    """
+    text = str(failure)
+    place, _, stack = whereabouts.partition("\n")
+    if stack and stack in text:
+        whereabouts = f"{place}, still where the error shows it"
     return (
-        f"{RULE}\ntether: rank {rank}: {failure}\n"
+        f"{RULE}\ntether: rank {rank}: {text}\n"
         f"  the main thread did not return to tether within {grace:g} s; it was {whereabouts}\n"
         f"  ending this process with exit code {int(ExitCode.WATCHDOG)}\n{RULE}\n"
     )
