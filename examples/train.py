@@ -18,6 +18,8 @@ only)::
 
     python -m torch.distributed.run --nproc_per_node 4 --max-restarts 2 examples/train.py \
         --resume /tmp/tether-ckpt --fail-kind raise --fail-rank 2 --fail-at train
+    python examples/train.py --nproc 4 --max-restarts 2 \
+        --resume /tmp/tether-ckpt --fail-kind kill --fail-rank 2 --fail-at train
 
 What it shows, in order: rank 0 prepares and caches the data set while the others wait
 (``one_rank_first``), the model, optimizer and loaders adapt to the job (``auto_*``),
@@ -190,6 +192,9 @@ def main() -> int:
         "--sync-timeout", type=float, default=20.0, help="seconds any wait may last: tether's, DDP's, raw dist calls'"
     )
     parser.add_argument("--resume", default=None, help="checkpoint directory: emergency saves, resume on restart")
+    parser.add_argument(
+        "--max-restarts", type=int, default=0, help="start every worker again after a failure (torchrun: its own flag)"
+    )
     args = parser.parse_args()
     config = Config(
         args.epochs,
@@ -207,6 +212,8 @@ def main() -> int:
     options = {"heartbeat": 1.0, "lost_after": 3.0, "grace": 5.0, "sync_timeout": args.sync_timeout}
     under_launcher = "RANK" in os.environ  # torchrun started this process as one rank
     nproc = None if under_launcher else args.nproc
+    if not under_launcher:
+        options["max_restarts"] = args.max_restarts
     try:
         with tether.Parallel(args.backend, nproc_per_node=nproc, **options) as parallel:
             parallel.run(training, config)
