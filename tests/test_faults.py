@@ -22,6 +22,8 @@ import _harness
 from _faults import RESULT, Case
 from fault_matrix import ROWS, TORCHRUN, Row
 
+TEARDOWN_WARNING = "Python's teardown may abort"  # ending._at_exit's warning
+
 SPAWN_REPORT = "tether: job failed. Root cause: "
 EVERY_RANK = "tether: job failed. Every rank raised "
 TORCHRUN_REPORT = "Root Cause (first observed failure):"
@@ -167,3 +169,6 @@ def test_fault(row: Row) -> None:
 
     # 4. nothing left
     assert result.leftovers == [], f"processes left: {result.leftovers}{tail}"
+    # and no exit that waited on the backend's threads and warned of an abort (a survivor's
+    # work pending on the failed rank is no reason: 20c514a)
+    assert TEARDOWN_WARNING not in output, f"a rank warned at its exit{tail}"

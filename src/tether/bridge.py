@@ -90,14 +90,14 @@ def _patch() -> None:
         for attr in PATCHED:
             if hasattr(module, attr):
                 setattr(module, attr, getattr(tether, attr))
-    made = [name for name in logging.root.manager.loggerDict if name.startswith(_ENGINE_LOGGERS)]
-    for name in {*made, _ENGINE_LOGGERS + "Engine", _ENGINE_LOGGERS + "DeterministicEngine"}:
+    made = [name for name in logging.root.manager.loggerDict if name.startswith(_ENGINE_LOGGER_PREFIX)]
+    for name in {*made, _ENGINE_LOGGER_PREFIX + "Engine", _ENGINE_LOGGER_PREFIX + "DeterministicEngine"}:
         engine_log = logging.getLogger(name)
         if not any(isinstance(f, _FirstLineOfTetherErrors) for f in engine_log.filters):
             engine_log.addFilter(_FirstLineOfTetherErrors())
 
 
-_ENGINE_LOGGERS = "ignite.engine.engine."  # + the class's name: an Engine's logger
+_ENGINE_LOGGER_PREFIX = "ignite.engine.engine."  # + the class's name: an Engine's logger
 _TERMINATING = "terminating due to exception: "
 
 
