@@ -6,6 +6,7 @@ initialises it), Python's ``random`` and NumPy's global one (when NumPy was impo
 
 from __future__ import annotations
 
+import pickle
 import random
 import sys
 import zlib
@@ -25,25 +26,45 @@ def seed_step(seed: int, step: int, rank: int) -> None:
         numpy.random.seed(value)
 
 
-def state() -> dict[str, Any]:
-    """This process's random states."""
+def state() -> bytes:
+    """This process's random states, pickled into one opaque value.
+
+    A periodic checkpoint gathers every rank's at the step that saves, on the training
+    thread, and its snapshot walks what it saves object by object: Python's state alone is
+    a tuple of 625 ints a rank, and torch's went through its tensor reducer. As bytes it is
+    one leaf. Measured at 2 ranks, ~100 MB model, rank 0, medians of 17 saves (two runs
+    each, manual): the snapshot 1.53 / 1.55 ms before, 0.42 / 0.43 ms after; the whole save
+    call 2.47 / 2.47 ms before, 1.19 / 1.19 ms after. The writer thread's CPU did not move
+    (10.9-11.1 ms either way).
+    """
     numpy = sys.modules.get("numpy")
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if _cuda_in_use() else None,
+    states = {
+        "torch": _bytes(torch.get_rng_state()),
+        "cuda": [_bytes(s) for s in torch.cuda.get_rng_state_all()] if _cuda_in_use() else None,
         "python": random.getstate(),
         "numpy": numpy.random.get_state() if numpy is not None else None,
     }
+    return pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def restore(saved: Mapping[str, Any]) -> None:
-    torch.set_rng_state(saved["torch"])
-    if saved.get("cuda") is not None and torch.cuda.is_available():  # saved by a rank that used CUDA
-        torch.cuda.set_rng_state_all(saved["cuda"])
-    random.setstate(saved["python"])
+def restore(saved: bytes | Mapping[str, Any]) -> None:
+    """Restore what ``state`` gave (or the dict of tensors that checkpoints before it hold)."""
+    states = pickle.loads(saved) if isinstance(saved, bytes) else saved
+    torch.set_rng_state(_tensor(states["torch"]))
+    if states.get("cuda") is not None and torch.cuda.is_available():  # saved by a rank that used CUDA
+        torch.cuda.set_rng_state_all([_tensor(s) for s in states["cuda"]])
+    random.setstate(states["python"])
     numpy = sys.modules.get("numpy")
-    if saved.get("numpy") is not None and numpy is not None:
-        numpy.random.set_state(saved["numpy"])
+    if states.get("numpy") is not None and numpy is not None:
+        numpy.random.set_state(states["numpy"])
+
+
+def _bytes(generator_state: torch.Tensor) -> bytes:
+    return generator_state.numpy().tobytes()
+
+
+def _tensor(saved: bytes | torch.Tensor) -> torch.Tensor:
+    return torch.frombuffer(bytearray(saved), dtype=torch.uint8) if isinstance(saved, bytes) else saved
 
 
 def _cuda_in_use() -> bool:
