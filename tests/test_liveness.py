@@ -133,4 +133,5 @@ def test_a_frozen_store_host_no_rank_can_read_from_proc_is_lost_by_its_silence()
     gone = by_rank(res, "gone")
     assert all(g["gone"] and g["after"] < SILENT_AFTER + 5.0 for g in gone.values()), gone
     assert res.output.count("the launcher hosting the store lost: silent") >= 2, tail(res)  # each rank's story
+    assert "rank -1" not in res.output, tail(res)  # the launcher is no rank
     assert res.leftovers == []

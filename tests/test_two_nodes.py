@@ -178,4 +178,5 @@ def test_store_host_lost_reaches_the_other_node(capsys: pytest.CaptureFixture[st
     assert max(e["t"] for e in of(evs, "node_exit")) - kill["t"] < END_BOUND_S
     # tether itself (not only the job's EVENT lines) says why node 1 stopped
     assert "the launcher hosting the store lost" in result.stderr
+    assert "rank -1" not in result.output, result.output[-4000:]  # the launcher is no rank
     assert_nothing_left(result, evs)

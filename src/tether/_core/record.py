@@ -66,7 +66,13 @@ class FailureRecord:
 
     @property
     def headline(self) -> str:
-        """``rank R failed: ExcType: message`` — the first line of every report."""
+        """``rank R failed: ExcType: message`` — the first line of every report.
+
+        A launcher's loss (rank -1: the launcher that hosts the store, no rank of the job)
+        is ``ExcType: message``, whose message names it.
+        """
+        if self.rank < 0:
+            return f"{self.exc_type}: {self.message}"
         return f"rank {self.rank} failed: {self.exc_type}: {self.message}"
 
 
