@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,27 @@ def test_failure_on_node_1_reaches_node_0(launcher: str, capsys: pytest.CaptureF
     else:
         assert_torchrun_output(result.stderr)
     assert "warning" not in result.output.lower(), result.output[-4000:]
+    assert_nothing_left(result, evs)
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+def test_a_stall_on_node_1_is_placed_by_host_and_pid_on_node_0(launcher: str) -> None:
+    result, evs = run(launcher, "stall")
+    assert result.returncode != 0
+    staller = next(e for e in of(evs, "joined") if e["rank"] == 3)
+    caught = {e["rank"]: e for e in of(evs, "caught")}
+    assert sorted(caught) == [0, 1, 2], result.output[-4000:]
+    for e in caught.values():  # a waiting rank posted it; every survivor's record says where rank 3 runs
+        assert (e["exc"], e["failed"], e["pid"]) == ("SyncTimeout", 3, staller["pid"]), e
+        assert e["host"] == socket.gethostname(), e
+    if launcher == "spawn":  # node 0's launcher, which did not start rank 3, prints the report
+        assert (
+            f"\n  on host {socket.gethostname()}, pid {staller['pid']}, in user code\n" in result.stderr
+        ), result.stderr[-4000:]
+        # node 0's launcher hosts the store: it keeps it until node 1's is done with it (the
+        # staller ends 2 s after the others, in its grace), so neither lost it
+        assert "TCPStore" not in result.output and "unreachable" not in result.output, result.output[-6000:]
+        assert "tether: job failed; node 0's launcher prints the root-cause report" in result.stderr
     assert_nothing_left(result, evs)
 
 

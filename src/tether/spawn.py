@@ -215,8 +215,49 @@ class _Supervisor:
             sys.stderr.write(f"tether: job interrupted (SIGINT); every rank stopped ({codes})\n")
             sys.stderr.flush()
             raise KeyboardInterrupt
-        if any(self.codes.values()):
-            self._fail()
+        try:
+            if any(self.codes.values()):
+                self._fail()
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        """The end of a multi-node job's launcher: each other node's says it is done with
+        the store; node 0's, which hosts it, keeps it until every other node's launcher is
+        done, or silent (no heartbeat for ``lost_after``: killed, or its host gone), for at
+        most ``kill_after`` + ``lost_after`` + 1 s (the longest another node's ranks may take
+        to end after this node's: a staller's grace, then its launcher's kill).
+
+        Before, node 0's launcher left as soon as its own ranks had: a rank of another node
+        still ending (a staller, in its grace) lost the store under it (C++ warnings with
+        stacks), and that node's launcher said "the job's store is unreachable".
+        """
+        nodes = self.nodes
+        if nodes.nnodes <= 1 or self.store_gone:
+            return
+        done = self.channel.key("launchers", "done")
+        with contextlib.suppress(Exception):  # node 0's launcher may be gone (killed)
+            if nodes.node != 0:
+                self.client.append(done, f"{nodes.node},")  # type: ignore[attr-defined]
+                return
+            start = next_look = time.monotonic()
+            others = set(range(1, nodes.nnodes))
+            beats: dict[int, tuple[int, float]] = {}  # node -> (its heartbeat counter, when it last moved)
+            while others and time.monotonic() - start < self.kill_after + nodes.lost_after + 1.0:
+                if self.client.check([done]):
+                    others -= {int(n) for n in self.client.get(done).decode().split(",") if n}
+                now = time.monotonic()
+                if others and now >= next_look:  # a heartbeat apart: one read a node, and this node's beat
+                    next_look = now + self.heartbeat
+                    self.client.add(self.channel.key("node", nodes.node), 1)  # the others must not find it silent
+                    for node in list(others):
+                        value = int(self.client.add(self.channel.key("node", node), 0))
+                        last, since = beats.get(node, (-1, now))
+                        if value != last:
+                            beats[node] = (value, now)
+                        elif now - since > nodes.lost_after:
+                            others.discard(node)  # silent: it will not say it is done
+                time.sleep(0.02)
 
     def _forward_signals(self) -> dict[signal.Signals, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -353,13 +394,19 @@ class _Supervisor:
         raise error
 
     def _placed(self, record: FailureRecord) -> FailureRecord:
-        """``record`` with the host and pid of its rank filled in where it is a child of this
-        launcher and its reporter did not know them (a timeout posted by a waiting rank)."""
+        """``record`` with the host and pid of its rank filled in where its reporter did not
+        know them (a timeout posted by a rank that waited): a child's from this launcher,
+        another node's rank's as it registered."""
         local = record.rank - self.first_rank
-        if record.host or not 0 <= local < len(self.procs):
+        if record.host or record.rank < 0:
             return record
-        pid = record.pid or self.procs[local].pid or 0
-        return dataclasses.replace(record, host=socket.gethostname(), pid=pid)
+        if 0 <= local < len(self.procs):
+            return dataclasses.replace(record, host=socket.gethostname(), pid=record.pid or self.procs[local].pid or 0)
+        with contextlib.suppress(Exception):  # another node's launcher may host the store, and be gone
+            found = self.channel.placed(record.rank)
+            if found is not None:
+                return dataclasses.replace(record, host=found[0], pid=found[1])
+        return record
 
 
 def _line(code: int | None, records: list[FailureRecord], rank: int, everywhere: bool = False) -> str:

@@ -15,6 +15,7 @@ Cases:
     raise        rank 3 (node 1) raises while the other ranks wait in a barrier
     node_lost    node 1's ranks sleep; node 0's wait in a barrier (the driver kills node 1)
     host_lost    node 0's ranks sleep; node 1's wait in a barrier (the driver kills node 0)
+    stall        rank 3 (node 1) stalls in its own code; the others' barrier times out
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def caught(rank: int, exc: BaseException) -> None:
     if isinstance(exc, idist.PeerFailure):
         notice_ms = (now - exc.record.time) * 1000 if exc.record.time else None
         data.update(failed=exc.rank, orig=exc.exc_type, notice_ms=notice_ms)
+    if isinstance(exc, idist.SyncTimeout) and exc.record is not None:
+        data.update(failed=exc.record.rank, host=exc.record.host, pid=exc.record.pid)
     emit(**data)
 
 
@@ -95,12 +98,24 @@ def wait_for_kill(victim: int):  # type: ignore[no-untyped-def]
     return case
 
 
+def stall_on_node_1(rank: int, node: int, local: int, out: str) -> None:
+    if rank == 3:
+        while True:  # alive, never arriving: ended by tether once the others' timeout is posted
+            time.sleep(0.1)
+    try:
+        idist.barrier(timeout=2.0)
+    except Exception as exc:
+        caught(rank, exc)
+        raise
+
+
 CASES = {
     "happy": happy,
     "local_first": local_first,
     "raise": raise_on_node_1,
     "node_lost": wait_for_kill(1),
     "host_lost": wait_for_kill(0),
+    "stall": stall_on_node_1,
 }
 
 
@@ -123,6 +138,7 @@ def main() -> None:
     parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
+    options = {**OPTIONS, "grace": 2.0} if args.case == "stall" else OPTIONS  # the staller's end: 2 s after
     if args.launcher == "spawn":
         idist.spawn(
             "gloo",
@@ -133,10 +149,10 @@ def main() -> None:
             node_rank=args.node_rank,
             master_addr="127.0.0.1",
             master_port=args.port,
-            **OPTIONS,
+            **options,
         )
     else:
-        with idist.Parallel("gloo", **OPTIONS) as parallel:
+        with idist.Parallel("gloo", **options) as parallel:
             parallel.run(work, args.case, args.out)
 
 

@@ -250,13 +250,30 @@ class Channel:
     # --- this rank's registration and exit --------------------------------------------
 
     def register(self, host: str, pid: int) -> None:
-        """Tell the judges on ``host`` which process is this rank (two store operations).
+        """Tell the judges on ``host`` which process is this rank, and every rank where it
+        runs (``placed``; three store operations).
 
         Also creates the query counter, so that the store's key count is the same before
         and after the first whereabouts query.
         """
         self._store.append(self.key("pids", host), f"{self.rank}:{pid},")  # type: ignore[attr-defined]
+        self._store.append(self.key("placed"), f"{self.rank} {pid} {host},")  # type: ignore[attr-defined]
         self._store.add(self.key("q", "n"), 0)
+
+    def placed(self, rank: int) -> tuple[str, int] | None:
+        """``(host, pid)`` of ``rank`` as it registered (one store read); None if it did not.
+
+        For a failure posted by another rank than the one it names (a timeout's staller,
+        posted by a rank that waited for it): the report says where to look.
+        """
+        key = self.key("placed")
+        if not self._store.check([key]):
+            return None
+        for item in self._store.get(key).decode().split(","):
+            found, pid, host = [*item.split(" ", 2), "", ""][:3]
+            if found == str(rank) and pid.isdigit():
+                return host, int(pid)
+        return None
 
     def host_pids(self, host: str, client: Store | None = None) -> dict[int, int]:
         """rank -> pid of the ranks registered on ``host`` so far."""

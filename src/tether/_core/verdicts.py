@@ -20,7 +20,6 @@ from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherEr
 from .channel import ROOT_WAIT
 from .context import Context
 from .group import Group, tag
-from .liveness import HostJudge
 from .record import KIND_FINISHED, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
@@ -100,15 +99,12 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
 
 
 def _placed(ctx: Context, rank: int) -> dict[str, Any]:
-    """``host`` and ``pid`` of ``rank`` for its record, where this rank knows them: its own,
-    or one of its host's ranks, whose pids the liveness judge learnt; else unknown."""
-    assert ctx.channel is not None and ctx.watchdog is not None
+    """``host`` and ``pid`` of ``rank`` for its record: its own, or as it registered."""
+    assert ctx.channel is not None
     if rank == ctx.channel.rank:
         return {"host": socket.gethostname(), "pid": os.getpid()}
-    judge = ctx.watchdog.judge
-    if isinstance(judge, HostJudge) and rank in judge.pids:
-        return {"host": judge.host, "pid": judge.pids[rank]}
-    return {"host": "", "pid": 0}
+    found = ctx.channel.placed(rank)
+    return {"host": found[0], "pid": found[1]} if found is not None else {"host": "", "pid": 0}
 
 
 def _in_a_call(whereabouts: str) -> bool:
