@@ -1,6 +1,6 @@
 """ignite's own internals through tether (issue 8, item 4): ``examples/ignite_trainer.py``, for real.
 
-An ignite ``Engine`` with ``Accuracy``/``Loss``, ``Checkpoint`` and DDP from ``auto_model``,
+An ignite ``Engine`` with ``Accuracy``/``Loss``, ``Checkpoint``, ``ProgressBar`` and DDP from ``auto_model``,
 2 ranks under ``tether.Parallel``. A raise in training and a stall in evaluation (where
 the wait is ignite's metric reduction, which calls ``ignite.distributed``) must end
 every other rank with tether's error, in bound, the root cause printed once.
@@ -38,7 +38,9 @@ def test_the_ignite_example_trains_and_checkpoints() -> None:
 
 
 def test_a_raise_in_ignites_training_loop_stops_the_other_rank_with_peer_failure() -> None:
-    res = example("--fail-kind", "raise", "--fail-rank", "1", "--fail-at", "train")
+    # with ignite's ProgressBar on rank 0 (tqdm, the test extra's): the bar drew, and the report is whole
+    res = example("--fail-kind", "raise", "--fail-rank", "1", "--fail-at", "train", "--progress")
+    assert re.search(r"Epoch \[1/2\]: \[\d+/\d+\]", res.stderr), res.stderr[-3000:]
     assert res.returncode == 1, res.output[-3000:]
     root = "rank 1 failed: RuntimeError: injected failure in train"
     assert res.stderr.count(f"tether: job failed. Root cause: {root}") == 1, res.stderr[-3000:]
