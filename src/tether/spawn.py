@@ -224,7 +224,7 @@ class _Supervisor:
     def _leave(self) -> None:
         """The end of a multi-node job's launcher: each other node's says it is done with
         the store; node 0's, which hosts it, keeps it until every other node's launcher is
-        done, or silent (no heartbeat for ``lost_after``: killed, or its host gone), for at
+        done, or lost (posted, or no heartbeat for ``lost_after``: killed, its host gone), for at
         most ``kill_after`` + ``lost_after`` + 1 s (the longest another node's ranks may take
         to end after this node's: a staller's grace, then its launcher's kill).
 
@@ -241,7 +241,8 @@ class _Supervisor:
                 self.client.append(done, f"{nodes.node},")  # type: ignore[attr-defined]
                 return
             start = next_look = time.monotonic()
-            others = set(range(1, nodes.nnodes))
+            lost = {r.rank // nodes.nproc_per_node for r in self.channel.records() if r.exc_type == "NodeLost"}
+            others = set(range(1, nodes.nnodes)) - lost  # a node found lost will not say it is done
             beats: dict[int, tuple[int, float]] = {}  # node -> (its heartbeat counter, when it last moved)
             while others and time.monotonic() - start < self.kill_after + nodes.lost_after + 1.0:
                 if self.client.check([done]):
