@@ -182,8 +182,12 @@ def test_a_rank_killed_before_its_part_of_a_periodic_save_leaves_rank_0_free_to_
 def test_the_emergency_saver_killed_mid_save_falls_back_to_the_last_periodic_save(
     reference: Path, tmp_path: Path
 ) -> None:
-    # rank 1 raises at step 10; rank 0, saving the emergency checkpoint, is killed mid-write
-    res = torchrun(tmp_path, "--every", "4", "--fail-step", "10", "--fail-rank", "1", "--kill-in-save", "emergency")
+    # rank 1 raises at step 10, once its part of step 8's periodic save is written (a step
+    # lasts milliseconds; under load that part was still being written 1 run in 10, and the
+    # save was abandoned: a job resumed from step 4); rank 0, saving the emergency
+    # checkpoint, is killed mid-write
+    args = ("--every", "4", "--fail-step", "10", "--fail-rank", "1", "--settle-before-fail")
+    res = torchrun(tmp_path, *args, "--kill-in-save", "emergency")
     out = res.output
     assert res.returncode == 0, out[-4000:]
     assert "saved an emergency checkpoint" not in out, out[-4000:]

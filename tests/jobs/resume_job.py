@@ -49,6 +49,11 @@ parser.add_argument("--late-allreduce", action="store_true")
 parser.add_argument("--late-by", type=float, default=0.01, help="seconds after the notice (--late-allreduce)")
 parser.add_argument("--late-register", action="store_true")
 parser.add_argument("--sleep-at", type=int, default=-1, help="rank 0 sleeps 1 s in its code at this step (attempt 0)")
+parser.add_argument(
+    "--settle-before-fail",
+    action="store_true",
+    help="the failing rank waits for its part of a periodic save still being written before it raises",
+)
 
 LATE = threading.Event()  # set around the backward() whose all-reduce is handed back late
 LATE_REGISTER = threading.Event()  # set around the backward() whose all-reduce is registered late
@@ -195,6 +200,10 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                     continue
                 with ckpt.step(epoch, i):
                     if attempt == 0 and ckpt.position.step == args.fail_step and rank == args.fail_rank:
+                        if args.settle_before_fail:
+                            # a step here lasts milliseconds: the save two steps back may still be
+                            # on its way, and a peer's failure abandons a save with a part missing
+                            ckpt.wait()
                         raise RuntimeError(f"injected failure at step {args.fail_step} on rank {rank}")
                     if attempt == 0 and ckpt.position.step == args.sleep_at and rank == 0:
                         time.sleep(1.0)  # in the user's code, not a tether call, when a launcher's SIGTERM comes
