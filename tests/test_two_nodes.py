@@ -107,7 +107,7 @@ def test_one_rank_first_local_waits_per_node(launcher: str) -> None:
 @pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
 def test_failure_on_node_1_reaches_node_0(launcher: str, capsys: pytest.CaptureFixture[str]) -> None:
     result, evs = run(launcher, "raise")
-    assert result.returncode != 0
+    assert result.returncode not in (None, 0), result.output[-4000:]  # ended within its bound, failed
     (raised,) = of(evs, "raise")
     caught = {e["rank"]: e for e in of(evs, "caught")}
     assert sorted(caught) == [0, 1, 2], result.output[-4000:]
@@ -168,7 +168,7 @@ def assert_torchrun_output(err: str) -> None:
 
 def test_whole_node_lost_is_detected_by_heartbeats(capsys: pytest.CaptureFixture[str]) -> None:
     result, evs = run("spawn", "node_lost", "--kill-node", "1")
-    assert result.returncode != 0
+    assert result.returncode not in (None, 0), result.output[-4000:]  # ended within its bound, failed
     (kill,) = of(evs, "kill")
     caught = {e["rank"]: e for e in of(evs, "caught")}
     assert sorted(caught) == [0, 1], result.output[-4000:]
@@ -189,7 +189,7 @@ def test_whole_node_lost_is_detected_by_heartbeats(capsys: pytest.CaptureFixture
 
 def test_store_host_lost_reaches_the_other_node(capsys: pytest.CaptureFixture[str]) -> None:
     result, evs = run("spawn", "host_lost", "--kill-node", "0")
-    assert result.returncode != 0
+    assert result.returncode not in (None, 0), result.output[-4000:]  # ended within its bound, failed
     (kill,) = of(evs, "kill")
     caught = {e["rank"]: e for e in of(evs, "caught")}
     assert sorted(caught) == [2, 3], result.output[-4000:]
