@@ -243,20 +243,16 @@ class _Supervisor:
             start = next_look = time.monotonic()
             lost = {r.rank // nodes.nproc_per_node for r in self.channel.records() if r.exc_type == "NodeLost"}
             others = set(range(1, nodes.nnodes)) - lost  # a node found lost will not say it is done
-            beats: dict[int, tuple[int, float]] = {}  # node -> (its heartbeat counter, when it last moved)
             while others and time.monotonic() - start < self.kill_after + nodes.lost_after + 1.0:
                 if self.client.check([done]):
                     others -= {int(n) for n in self.client.get(done).decode().split(",") if n}
                 now = time.monotonic()
                 if others and now >= next_look:  # a heartbeat apart: one read a node, and this node's beat
                     next_look = now + self.heartbeat
-                    self.client.add(self.channel.key("node", nodes.node), 1)  # the others must not find it silent
+                    nodes.beat(self.client)  # the others must not find it silent
                     for node in list(others):
-                        value = int(self.client.add(self.channel.key("node", node), 0))
-                        last, since = beats.get(node, (-1, now))
-                        if value != last:
-                            beats[node] = (value, now)
-                        elif now - since > nodes.lost_after:
+                        silent = nodes.silent_for(node, self.client)
+                        if silent is not None and silent > nodes.lost_after:
                             others.discard(node)  # silent: it will not say it is done
                 time.sleep(0.02)
 

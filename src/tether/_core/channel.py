@@ -250,13 +250,12 @@ class Channel:
     # --- this rank's registration and exit --------------------------------------------
 
     def register(self, host: str, pid: int) -> None:
-        """Tell the judges on ``host`` which process is this rank, and every rank where it
-        runs (``placed``; three store operations).
+        """Tell every rank where this rank runs: its host and pid (two store operations).
 
-        Also creates the query counter, so that the store's key count is the same before
-        and after the first whereabouts query.
+        The judges on ``host`` read it (``host_pids``), as does a rank that posts another's
+        failure (``placed``). Also creates the query counter, so that the store's key count
+        is the same before and after the first whereabouts query.
         """
-        self._store.append(self.key("pids", host), f"{self.rank}:{pid},")  # type: ignore[attr-defined]
         self._store.append(self.key("placed"), f"{self.rank} {pid} {host},")  # type: ignore[attr-defined]
         self._store.add(self.key("q", "n"), 0)
 
@@ -266,22 +265,23 @@ class Channel:
         For a failure posted by another rank than the one it names (a timeout's staller,
         posted by a rank that waited for it): the report says where to look.
         """
-        key = self.key("placed")
-        if not self._store.check([key]):
-            return None
-        for item in self._store.get(key).decode().split(","):
-            found, pid, host = [*item.split(" ", 2), "", ""][:3]
-            if found == str(rank) and pid.isdigit():
-                return host, int(pid)
-        return None
+        return self._registered().get(rank)
 
     def host_pids(self, host: str, client: Store | None = None) -> dict[int, int]:
-        """rank -> pid of the ranks registered on ``host`` so far."""
-        store, key = client or self._store, self.key("pids", host)
+        """rank -> pid of the ranks registered on ``host`` so far (one store read)."""
+        return {r: pid for r, (h, pid) in self._registered(client).items() if h == host}
+
+    def _registered(self, client: Store | None = None) -> dict[int, tuple[str, int]]:
+        """rank -> (host, pid) of every rank registered so far."""
+        store, key = client or self._store, self.key("placed")
         if not store.check([key]):
             return {}
-        pairs = (item.split(":") for item in store.get(key).decode().split(",") if item)
-        return {int(r): int(p) for r, p in pairs}
+        found = {}
+        for item in store.get(key).decode().split(","):
+            rank, pid, host = [*item.split(" ", 2), "", ""][:3]
+            if rank.lstrip("-").isdigit() and pid.isdigit():
+                found[int(rank)] = (host, int(pid))
+        return found
 
     def mark_done(self, how: str, client: Store | None = None) -> None:
         """Record how this rank ends ("left" cleanly, or "failed" after posting its own record)."""

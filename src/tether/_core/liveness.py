@@ -4,7 +4,7 @@ A rank is **lost** only when its process is gone or stopped, or its whole node w
 silent. A rank that is merely busy -- even in one C call that holds the GIL for minutes --
 is never lost: nothing here reads a heartbeat from a rank's own Python threads.
 
-* **Processes, from /proc.** Every rank registers ``rank:pid`` under its host's key
+* **Processes, from /proc.** Every rank registers its rank, pid and host
   (``channel.register``). A judge on the same host reads ``/proc/<pid>/stat``:
 
   - gone (no entry, or a zombie), and ``P/done/<rank>`` unset: the process ended without
@@ -164,27 +164,37 @@ class NodeWatch:
         if self.nnodes <= 1:
             return []
         if self.beats:
-            client.add(self.channel.key("node", self.node), 1)
+            self.beat(client)
         other = (self.node + 1) % self.nnodes
         if other in self._judged:
             return []
-        now = self.clock()
-        value = int(client.add(self.channel.key("node", other), 0))
-        last, since = self._seen.get(other, (-1, now))
-        if value != last:
-            self._seen[other] = (value, now)
-            return []
-        if value == 0 or now - since <= self.lost_after:
-            return []  # not started yet, or not silent for long enough
+        silent = self.silent_for(other, client)
+        if silent is None or silent <= self.lost_after:
+            return []  # beating, not started yet, or not silent for long enough
         self._judged.add(other)
         if not self.channel.claim_loss(-1000 - other, client):
             return []
         first = other * self.nproc_per_node
         message = (
             f"node {other} (ranks {first}-{first + self.nproc_per_node - 1}) lost: "
-            f"no heartbeat for {now - since:.1f} s (its host is down or unreachable)"
+            f"no heartbeat for {silent:.1f} s (its host is down or unreachable)"
         )
         return [lost_record(first, message, self.channel.rank, exc_type="NodeLost")]
+
+    def beat(self, client: Store) -> None:
+        """One heartbeat of this node (one store operation)."""
+        client.add(self.channel.key("node", self.node), 1)
+
+    def silent_for(self, other: int, client: Store) -> float | None:
+        """Seconds node ``other``'s heartbeat has not moved, as seen by this watch's reads
+        (one store operation); None when it moved since the last read, or never beat."""
+        now = self.clock()
+        value = int(client.add(self.channel.key("node", other), 0))
+        last, since = self._seen.get(other, (-1, now))
+        if value != last:
+            self._seen[other] = (value, now)
+            return None
+        return None if value == 0 else now - since
 
 
 @dataclass
