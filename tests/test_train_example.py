@@ -82,6 +82,7 @@ def test_a_rank_killed_in_training_costs_no_progress_under_spawn_with_max_restar
     tmp, first = plain
     res = example(tmp, "spawn", "--max-restarts", "1", *FAULT)
     assert "Root cause: rank 1 failed: SIGKILL: process killed by SIGKILL" in res.stderr, res.stderr[-4000:]
+    assert "  rank 0: stopped: PEER_FAILED (exited with code 3)" in res.stderr, res.stderr[-4000:]  # the survivor
     assert res.stderr.count("tether: starting every worker again (restart 1 of 1)") == 1, res.stderr[-4000:]
     assert_resumed_where_it_left(res, first, tmp, "spawn")
 

@@ -147,6 +147,10 @@ def test_a_stall_on_node_1_is_placed_by_host_and_pid_on_node_0(launcher: str) ->
         # staller ends 2 s after the others, in its grace), so neither lost it
         assert "TCPStore" not in result.output and "unreachable" not in result.output, result.output[-6000:]
         assert "tether: job failed; node 0's launcher prints the root-cause report" in result.stderr
+    else:  # torchrun's Root Cause is a victim's error file, which names the staller
+        assert re.search(
+            r"traceback : SyncTimeout: barrier #2 timed out after 2 s: rank\(s\) \[3\]", result.stderr
+        ), result.stderr[-4000:]
     assert_nothing_left(result, evs)
 
 
