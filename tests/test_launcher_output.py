@@ -180,6 +180,8 @@ def test_a_stop_that_lands_in_finalize_after_a_failure_ends_the_rank_with_the_fa
     # Python's teardown in the fault matrix, where the handler's Terminated cut the retire short)
     assert failures[0][0] == int(ExitCode.PEER_FAILED), res.stderr
     assert failures[0][1].startswith("PeerFailure: rank 1 failed: " + ROOT), res.stderr
+    said = [line for line in res.stderr.splitlines() if line.startswith("[rank 0] stopped: ")]
+    assert len(said) == 1 and said[0].startswith("[rank 0] stopped: PeerFailure: rank 1 failed: " + ROOT), res.stderr
     assert "teardown may abort" not in res.stderr, res.stderr[-3000:]
     assert res.leftovers == []
 

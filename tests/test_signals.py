@@ -121,6 +121,10 @@ def test_a_launchers_stop_during_a_victims_post_leaves_its_error_file_and_exit_c
     failures = res.stderr.split("Failures:", 1)[1].split("Root Cause", 1)[0]
     assert re.search(r"rank\s+: 0 \(local_rank: 0\)\s+exitcode\s+: 3 ", failures), failures
     assert "PeerFailure: rank 1 failed: RuntimeError: boom from rank 1" in failures, failures
+    # and its one line, as every victim says (it ended in the post, before the excepthook)
+    said = [line for line in res.stderr.splitlines() if line.startswith("[rank 0] stopped: ")]
+    assert len(said) == 1, tail(res)
+    assert said[0].startswith("[rank 0] stopped: PeerFailure: rank 1 failed: RuntimeError: boom from rank 1"), said
     assert res.leftovers == [], tail(res)
 
 

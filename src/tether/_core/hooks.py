@@ -145,6 +145,7 @@ class Hooks:
         self.signalled: int | None = None
         self._ending_code: int | None = None  # set once the excepthook decided the exit code
         self._stop_pending = False  # a SIGTERM/SIGINT came while the failure was being posted
+        self._said = False  # how this rank ends was told (``_say``)
 
     def install(self) -> None:
         self._saved["excepthook"] = sys.excepthook
@@ -237,20 +238,27 @@ class Hooks:
         return self._owned
 
     def end(self, shown: BaseException) -> None:
-        """End the process now with the exit code of ``shown``, streams flushed, no teardown."""
+        """End the process now with the exit code of ``shown``, streams flushed, no teardown.
+
+        A failure (not the stop itself) is said first, as the excepthook would have said
+        it: a victim that a launcher's stop ended in its post or its ``finalize`` printed
+        nothing, so torchrun's output lacked its line (seen in CI, two nodes).
+        """
+        if not isinstance(shown, Terminated):
+            self._say(shown, shown)
         self._end(exit_code_for(shown))
 
-    def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        ending = self._owned and threading.current_thread() is threading.main_thread()
-        if ending:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal_while_ending)
-        behind = self._post(exc)
-        shown = behind if isinstance(behind, TetherError) else exc
-        if ending:
-            self._ending_code = exit_code_for(shown)
+    def _say(self, exc: BaseException, shown: BaseException) -> None:
+        """Tell, once, how this rank ends: ``exc`` its own exception, ``shown`` the failure behind it.
+
+        In an owned process a victim prints one line (the failing rank prints the one full
+        traceback), and a failing rank whose traceback torchrun's Root Cause report shows
+        (its error file is written) one line too; anything else goes to the previous hook.
+        """
+        if self._said:
+            return
+        self._said = self._owned  # elsewhere the interpreter goes on, and may meet another
         if self._owned and isinstance(shown, TetherError):
-            # a victim: one line; the failing rank prints the one full traceback
             first = str(shown).splitlines()[0] if str(shown) else type(shown).__name__
             with contextlib.suppress(Exception):
                 sys.stderr.write(f"[rank {self.rank}] stopped: {type(shown).__name__}: {first}\n")
@@ -262,7 +270,18 @@ class Hooks:
                     "(its traceback is in torchrun's Root Cause report)\n"
                 )
         else:
-            self._saved.get("excepthook", sys.__excepthook__)(kind, exc, tb)
+            self._saved.get("excepthook", sys.__excepthook__)(type(exc), exc, exc.__traceback__)
+
+    def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        ending = self._owned and threading.current_thread() is threading.main_thread()
+        if ending:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal_while_ending)
+        behind = self._post(exc)
+        shown = behind if isinstance(behind, TetherError) else exc
+        self._say(exc, shown)  # a stop meanwhile waits for it (``_on_signal_while_ending``)
+        if ending:
+            self._ending_code = exit_code_for(shown)
         if not self._owned:
             return
         if not self._stop_pending:
@@ -294,7 +313,7 @@ class Hooks:
     def _on_signal_while_ending(self, signum: int, frame: FrameType | None) -> None:
         """A launcher's stop while the excepthook ends the process: end it now, with its code."""
         self.signalled = signum
-        if self._ending_code is None:  # the failure is still being posted: finish that first
+        if self._ending_code is None:  # the failure is still being posted or told: finish that first
             self._stop_pending = True
             return
         self._end(self._ending_code)
