@@ -19,4 +19,9 @@ def test_a_long_wait_without_timeout_logs_one_stall_report_and_completes() -> No
     assert len(reports) == 1, res.stderr[-3000:]
     assert re.search(r"rank 1: in user code\n(.|\n)*in slow_preprocessing", res.stderr), res.stderr[-3000:]
     assert res.stderr.count("in slow_preprocessing") == 1, res.stderr[-3000:]  # the stalled stack, once
+    # the user's frames, from their function in: multiprocessing's and tether's are counted, not shown
+    stack = res.stderr.split("rank 1: in user code\n", 1)[1].split("RESULT", 1)[0]
+    files = re.findall(r'File "([^"]+)", line \d+, in (\w+)', stack)
+    assert [name for _, name in files] == ["main", "slow_preprocessing"], stack
+    assert re.match(r"  \[\d+ frame\(s\) of tether, contextlib or multiprocessing not shown\]\n", stack), stack
     assert "warning" not in res.output.lower(), res.output[-3000:]  # no c10d socket warnings from the wait

@@ -105,10 +105,7 @@ def format_traceback(exc: BaseException) -> str:
     if tb is not None and tb.tb_frame.f_back is not None:
         outer = [(f, n) for f, n in _tb.walk_stack(tb.tb_frame.f_back) if id(f) not in inner]
         pairs = outer[::-1] + pairs
-    boot = [i for i, (f, _) in enumerate(pairs) if "/multiprocessing/" in f.f_code.co_filename.replace(os.sep, "/")]
-    start = boot[-1] + 1 if boot else 0  # frames outside multiprocessing's are its bootstrap (`python -c`)
-    last = len(pairs) - 1
-    kept = [p for i, p in enumerate(pairs) if (i >= start and _is_users(p[0].f_code.co_filename)) or i == last]
+    kept = _users_frames(pairs, keep_innermost=True)
     report = _tb.TracebackException(type(exc), exc, tb)
     report.stack = _tb.StackSummary.extract(iter(kept))
     text = "".join(report.format())
@@ -116,8 +113,39 @@ def format_traceback(exc: BaseException) -> str:
     header = "Traceback (most recent call last):\n"
     if hidden and header in text:
         at = text.rindex(header) + len(header)
-        text = text[:at] + f"  [{hidden} frame(s) of tether, contextlib or multiprocessing not shown]\n" + text[at:]
+        text = text[:at] + _hidden_note(hidden) + text[at:]
     return text
+
+
+def format_stack(frame: Any, in_tether: bool, limit: int = 6) -> str:
+    """Where a live thread is, from ``frame`` out, as the user reads it: their innermost
+    ``limit`` frames, outermost first, for a rank's whereabouts.
+
+    Frames of tether, contextlib and multiprocessing are left out as in ``format_traceback``,
+    with a note. The innermost frame is kept whatever it is (``threading.py``'s ``wait``
+    says what a rank in user code waits for), unless the thread is in a tether call
+    (``in_tether``), which its whereabouts already name: then the user's call to it is
+    the innermost frame shown. Before, the innermost six frames, whoever's, were shown: a
+    ``tether.spawn`` worker stalled in its function showed five frames of multiprocessing
+    and tether, and one of its own.
+    """
+    pairs: list[tuple[Any, int]] = list(_tb.walk_stack(frame))[::-1]
+    users = _users_frames(pairs, keep_innermost=not in_tether)
+    hidden = len(pairs) - len(users)  # (outer frames of the user's past ``limit`` go unmentioned)
+    text = "".join(_tb.StackSummary.extract(iter(users[-limit:])).format())
+    return (_hidden_note(hidden) if hidden else "") + text
+
+
+def _users_frames(pairs: list[tuple[Any, int]], keep_innermost: bool) -> list[tuple[Any, int]]:
+    """Of (frame, line) pairs, outermost first, the user's: see ``format_traceback``."""
+    boot = [i for i, (f, _) in enumerate(pairs) if "/multiprocessing/" in f.f_code.co_filename.replace(os.sep, "/")]
+    start = boot[-1] + 1 if boot else 0  # frames outside multiprocessing's are its bootstrap (`python -c`)
+    last = len(pairs) - 1 if keep_innermost else -1
+    return [p for i, p in enumerate(pairs) if (i >= start and _is_users(p[0].f_code.co_filename)) or i == last]
+
+
+def _hidden_note(hidden: int) -> str:
+    return f"  [{hidden} frame(s) of tether, contextlib or multiprocessing not shown]\n"
 
 
 def _user_frame(tb: Any) -> str:

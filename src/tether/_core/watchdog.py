@@ -69,7 +69,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,7 +81,7 @@ from .futures import FINISHED_KEY, Failables
 from .janitor import Janitor
 from .liveness import NodeWatch, PeerJudge, StoreAnswerWatch, StoreHostWatch
 from .nccl import abort_in_background
-from .record import FailureRecord, error_from_record, lost_record
+from .record import FailureRecord, error_from_record, format_stack, lost_record
 
 log = logging.getLogger("tether")
 
@@ -509,7 +508,7 @@ class Watchdog:
         in user code). A timeout's verdict tells by it which rank came last (``verdicts.expire``)."""
         call, since = self._call
         frame = sys._current_frames().get(self._main.ident or -1)
-        stack = "".join(traceback.format_stack(frame, limit=6)) if frame is not None else ""
+        stack = format_stack(frame, in_tether=bool(call)) if frame is not None else ""
         return f"in {call or 'user code'}\n{stack}".rstrip(), (self._clock() - since if call else None)
 
 
