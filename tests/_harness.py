@@ -110,9 +110,11 @@ def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle
     return Result(code, out, err, elapsed, left)
 
 
-def python(script: str, *script_args: str, bound: float, env: dict[str, str] | None = None) -> Result:
-    """Run ``tests/jobs/<script>`` with this interpreter."""
-    return run([sys.executable, str(JOBS / script), *script_args], bound, env)
+def python(
+    script: str, *script_args: str, bound: float, env: dict[str, str] | None = None, settle: float = 3.0
+) -> Result:
+    """Run ``tests/jobs/<script>`` with this interpreter (``settle``: see ``run``)."""
+    return run([sys.executable, str(JOBS / script), *script_args], bound, env, settle)
 
 
 def torchrun(

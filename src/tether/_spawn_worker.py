@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import datetime
+import multiprocessing
 import os
 import signal
 import sys
@@ -26,7 +27,7 @@ from torch._C._distributed_c10d import TCPStore
 from ._core import context
 from ._core.ending import finalize
 from ._core.failures import report_failure
-from ._core.hooks import exit_code_for, is_success
+from ._core.hooks import end_process, exit_code_for, is_success
 from ._core.options import Launch, Options
 from ._core.runtime import start
 from ._env import Topology
@@ -49,6 +50,11 @@ class WorkerSpec:
     parent_pid: int
     restart: int = 0  # which attempt this is (``max_restarts``), as TORCHELASTIC_RESTART_COUNT
     environ: dict[str, str] | None = None  # the launcher's environment, for a worker forked from a server
+    # the launcher's multiprocessing start method (None: the platform's default) and so the
+    # worker's: its own children (a DataLoader's workers) start as the launcher's, or a
+    # torchrun rank's, would. A worker forked from the server had inherited "forkserver":
+    # a rank tether ended, or a SIGKILL, then left a server and its workers running forever
+    start_method: str | None = None
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -76,6 +82,7 @@ def run_worker(spec: WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], 
     if spec.environ is not None:  # forked from the server: its environment is from when it started
         os.environ.clear()
         os.environ.update(spec.environ)
+    multiprocessing.set_start_method(spec.start_method, force=True)
     topo = spec.topology
     # what a launcher tells its children (torchrun, ignite's spawn): code that reads them works
     os.environ.update(
@@ -121,9 +128,7 @@ def run_worker(spec: WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], 
         except Exception:
             code = code or int(ExitCode.RAISED)
     if code:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # promptly, even with non-daemon threads alive
+        end_process(code)  # promptly, even with non-daemon threads alive
     _exit_cleanly()
 
 

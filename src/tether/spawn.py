@@ -130,9 +130,12 @@ def spawn(
         channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
         procs: dict[int, multiprocessing.process.BaseProcess] = {}
         environ = dict(os.environ) if start_method == "forkserver" else None  # as of this attempt's start
+        own_method = multiprocessing.get_start_method(allow_none=True)
         for local in range(nproc):
             topo = Topology(node_rank * nproc + local, world, local, nproc, nnodes, node_rank)
-            spec = WorkerSpec(backend, topo, addr, store.port, timeout, options, os.getpid(), attempt, environ)
+            spec = WorkerSpec(
+                backend, topo, addr, store.port, timeout, options, os.getpid(), attempt, environ, own_method
+            )
             procs[local] = mp.Process(
                 target=run_worker,
                 args=(spec, fn, args, kwargs_dict or {}),

@@ -96,6 +96,27 @@ def holding(signals: list[signal.Signals]) -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+def end_process(code: int) -> None:
+    """End this process now with ``code``: streams flushed, no teardown, no exit functions.
+
+    Its daemonic ``multiprocessing`` children (a DataLoader's workers) are ended first, as
+    Python's own exit would end them. Left alone they outlived the job: in a
+    ``tether.spawn`` worker they came from a forkserver of the rank's, which they kept
+    alive while they waited for it to die, forever, holding the job's stdout (``python
+    train.py | tee log`` never returned; ``tests/test_dataloader_workers.py``).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    processes = sys.modules.get("multiprocessing")
+    if processes is not None:
+        with contextlib.suppress(Exception):
+            for child in processes.active_children():
+                if child.daemon:
+                    child.terminate()
+    os._exit(code)
+
+
 def exit_code_for(exc: BaseException) -> int:
     """The exit status of a process that ends on ``exc`` (see ``errors.ExitCode``)."""
     if isinstance(exc, TetherError):
@@ -291,10 +312,7 @@ class Hooks:
 
     @staticmethod
     def _end(code: int) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        end_process(code)
 
     def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):

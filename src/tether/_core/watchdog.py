@@ -78,6 +78,7 @@ from torch._C._distributed_c10d import Store
 from ..errors import ExitCode, PeerLost, SyncTimeout, TetherError
 from .channel import ROOT_WAIT, Channel
 from .futures import FINISHED_KEY, Failables
+from .hooks import end_process
 from .janitor import Janitor
 from .liveness import NodeWatch, PeerJudge, StoreAnswerWatch, StoreHostWatch
 from .nccl import abort_in_background
@@ -143,7 +144,7 @@ class Watchdog:
         abort: Callable[[], None] = lambda: None,
         group_gone: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
-        exit: Callable[[int], None] = os._exit,
+        exit: Callable[[int], None] = end_process,
         on_blamed: Callable[[FailureRecord], None] = lambda record: None,
     ) -> None:
         self.channel = channel
