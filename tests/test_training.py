@@ -124,6 +124,8 @@ def test_a_raw_wait_on_torchs_own_subgroup_ends_within_sync_timeout() -> None:
     for r in (2, 3):  # in user code when the verdict came: they raise it once they are ended
         assert r not in raised or raised[r]["exc"] in ("SyncTimeout", "Terminated"), raised[r]
     assert "rank(s) [1] did not arrive" in res.stderr.split("Root Cause (first observed failure):", 1)[-1]
+    # where rank 1 stalled, once: in its own error file, not again under each victim of the node
+    assert res.stderr.count("time.sleep(60)") == 1, res.stderr[-4000:]
     assert res.returncode != 0
     assert res.leftovers == []
 

@@ -86,6 +86,12 @@ def _report(ctx: Context, exc: BaseException) -> BaseException | None:
     return None
 
 
+def _same_node(ctx: Context, record: FailureRecord) -> bool:
+    """Whether the rank ``record`` is about ran on this rank's node (under this torchrun)."""
+    topo = ctx.backend.topology
+    return record.rank >= 0 and record.rank // topo.nproc_per_node == topo.node_rank
+
+
 def blamed(ctx: Context, record: FailureRecord) -> None:
     """A peer's timeout names this rank as the one that stalled: its error file says so now.
 
@@ -143,5 +149,9 @@ def _write_error_file(
     if not victim and root is not None and record is not None and root.seq != record.seq and root.time:
         stamp = max(stamp, int(root.time) + 1)
     message = f"{type(exc).__name__}: {exc}" if victim or record is None else record.headline
+    if victim and record is not None and _same_node(ctx, record):
+        # the root cause's file, which the same torchrun prints, has the rest (a timeout's
+        # whereabouts: the staller's stack, once, not again under every victim of the node)
+        message = message.splitlines()[0]
     errorfile.write(path, message, stamp, "" if victim or record is None else record.traceback)
     ctx.wrote_own_error = ctx.wrote_own_error or not victim
