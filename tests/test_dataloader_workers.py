@@ -32,6 +32,10 @@ def test_a_failed_job_leaves_no_dataloader_worker_behind(how: str, tmp_path: Pat
     assert sorted(workers) == [0, 1], tail(res)
     # the start method the launcher has (the platform's default here), as under torchrun
     assert {e["start_method"] for e in workers.values()} == {"fork"}, workers
+    # a worker, forked from its rank, has Python's hooks, not tether's, and the rank's rank
+    hooks = sorted(events(res, "worker hooks"), key=lambda e: e["rank"])
+    assert [e["rank"] for e in hooks] == [0, 1], hooks
+    assert not any(str(m).startswith("tether") for e in hooks for m in e["modules"]), hooks
     # 2. the survivor raised the documented error, naming rank 1
     survivor = {e["rank"]: e for e in events(res, "raised")}[0]
     expected = "PeerFailure" if how == "raise" else "PeerLost"

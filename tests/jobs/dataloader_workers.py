@@ -9,7 +9,8 @@ from tether's forkserver), which the workers kept alive while they waited for it
 every rank tether ended left that server and its 2 workers running, forever. Each rank
 emits its workers' pids, its start method and what it raised, and writes the pids to
 OUT_DIR; the launcher, once ``spawn`` raised, emits which of them still run 1 s later
-("left"): a rank that tether ends takes its workers with it.
+("left"): a rank that tether ends takes its workers with it. A worker tells whose signal
+handlers and excepthooks it has (Python's, not the rank's tether ones) and its rank.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,9 +30,24 @@ from torch.utils.data import DataLoader, TensorDataset
 import tether
 
 
+def worker_init(worker_id: int) -> None:
+    """In a DataLoader worker, forked from the rank: whose hooks, and whose rank, it has."""
+    if worker_id == 0:
+        handlers = [signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)]
+        hooks = [*handlers, sys.excepthook, threading.excepthook]
+        # (sys.excepthook is torch's: init_process_group installs one, as in a torchrun rank)
+        emit("worker hooks", rank=tether.get_rank(), modules=[getattr(h, "__module__", "") for h in hooks])
+
+
 def work(local_rank: int, how: str, out: str) -> None:
     rank = tether.get_rank()
-    loader = DataLoader(TensorDataset(torch.arange(4000.0)), batch_size=10, num_workers=2, persistent_workers=True)
+    loader = DataLoader(
+        TensorDataset(torch.arange(4000.0)),
+        batch_size=10,
+        num_workers=2,
+        persistent_workers=True,
+        worker_init_fn=worker_init,
+    )
     try:
         for i, (x,) in enumerate(loader):
             if i == 0:

@@ -56,6 +56,24 @@ from typing import Any
 from ..errors import ExitCode, TetherError
 
 _ending = threading.Event()  # an owned process's excepthook runs the exit functions, then ``os._exit``
+_installed: list[Hooks] = []  # the hooks in place in this process (for a forked child to drop)
+_fork_watched = False
+
+
+def _drop_in_forked_child() -> None:
+    """A process forked from a rank (a DataLoader's worker) is not the rank: Python's hooks.
+
+    It inherited tether's signal handlers, excepthooks and the keeper's wakeup fd. A
+    SIGTERM (``end_process`` ends such children with one) could be deferred there as in
+    the rank, a Ctrl-C showed tether's handler in every worker's traceback, and an
+    exception reaching a thread's hook there would be posted through a store connection
+    the child shares with its parent. The context itself stays: ``get_rank()`` in a
+    dataset's code answers as in the rank, as with ignite.
+    """
+    for hooks in _installed:
+        with contextlib.suppress(Exception):
+            hooks.uninstall()
+    _installed.clear()
 
 
 def ending_without_teardown() -> bool:
@@ -169,6 +187,11 @@ class Hooks:
         self._said = False  # how this rank ends was told (``_say``)
 
     def install(self) -> None:
+        global _fork_watched
+        if not _fork_watched and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_drop_in_forked_child)
+            _fork_watched = True
+        _installed.append(self)
         self._saved["excepthook"] = sys.excepthook
         self._saved["threading"] = threading.excepthook
         sys.excepthook = self._excepthook
@@ -205,6 +228,8 @@ class Hooks:
                     signal.set_wakeup_fd(-1)
         kept = self._saved.get("excepthook") if keep_exit else None
         self._saved.clear()
+        if not keep_exit and self in _installed:
+            _installed.remove(self)
         if kept is not None:
             self._saved["excepthook"] = kept
 
