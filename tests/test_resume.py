@@ -170,7 +170,7 @@ def test_a_rank_killed_before_its_part_of_a_periodic_save_leaves_rank_0_free_to_
     assert "the periodic checkpoint of step 8 was abandoned: a peer failed, or this rank stopped" in out, out[-4000:]
     assert "(exitcode: -9) local_rank: 1" in out, out[-4000:]  # torchrun's word on the root cause
     # what rank 0 raised, on its emergency save's line (a rank that torchrun's SIGTERM
-    # stopped in its own code prints no "[rank 0] stopped" line: it ends as the stop says)
+    # stopped in its own code ends as the stop says, after its "[rank 0] stopped" line)
     saved = re.findall(r"rank 0 saved an emergency checkpoint of step (\d+) to \S+ \(PeerLost stopped training\)", out)
     # 8, or 9 when rank 0 finished step 9 (its all-reduce done) before the notice came
     assert saved in (["8"], ["9"]), out[-4000:]

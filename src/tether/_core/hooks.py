@@ -33,6 +33,10 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
 * **Retiring.** ``finalize`` after a failure holds SIGTERM while it retires the context,
   and from then on a SIGTERM ends an owned process with the failure's code
   (``ending_on_stop``).
+* **Children.** A process that tether ends (``end_process``) first terminates its
+  daemonic ``multiprocessing`` children, a DataLoader's workers, as Python's exit would.
+  A process forked from a rank (those workers) drops these hooks at the fork
+  (``_drop_in_forked_child``): it is not the rank.
 * **Posting.** A failure posted on the main thread before it reaches the excepthook (a
   ``finally: finalize()``, ``Parallel.run``) holds SIGTERM and SIGINT while it is posted
   (``posting``): a launcher's stop that lands in the post's store round trips raised
