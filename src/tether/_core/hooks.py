@@ -296,7 +296,7 @@ class Hooks:
         """
         if not isinstance(shown, Terminated):
             self._say(shown, shown)
-        self._end(exit_code_for(shown))
+        end_process(exit_code_for(shown))
 
     def _say(self, exc: BaseException, shown: BaseException) -> None:
         """Tell, once, how this rank ends: ``exc`` its own exception, ``shown`` the failure behind it.
@@ -337,11 +337,7 @@ class Hooks:
         if not self._stop_pending:
             _ending.set()
             atexit._run_exitfuncs()
-        self._end(exit_code_for(shown))
-
-    @staticmethod
-    def _end(code: int) -> None:
-        end_process(code)
+        end_process(exit_code_for(shown))
 
     def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
@@ -363,7 +359,7 @@ class Hooks:
         if self._ending_code is None:  # the failure is still being posted or told: finish that first
             self._stop_pending = True
             return
-        self._end(self._ending_code)
+        end_process(self._ending_code)
 
     def _post(self, exc: BaseException) -> object:
         """Post ``exc``; returns what ``on_failure`` says is behind it (a peer's failure), if anything."""
