@@ -8,6 +8,8 @@ where rank 0 waits, within the bound: the first check comes 0.5 s into a wait
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from _core import lc_events
@@ -60,3 +62,31 @@ def test_a_rank_that_finishes_under_torchrun_is_not_waited_for(args: tuple[str, 
     assert res.returncode == 1, res.output[-3000:]
     check(res, "called finalize()", where)
     assert "PeerLost" not in res.output  # not "its process stopped answering": it finished
+
+
+@pytest.mark.parametrize(
+    ("how", "story", "code"),
+    [
+        # torchrun's SIGTERM (it follows rank 1's exit 2) reaches rank 0 about when its first
+        # check of finished ranks would; the SIGTERM came first and rank 0 blamed itself,
+        # "Terminated: stopped by SIGTERM", naming no rank 1 (before this test)
+        ("exit2", "exited without finalize()", 2),
+        # rank 1's process lives on in its non-daemon thread: rank 0 waited for good (before this test)
+        (
+            "exit-thread",
+            "ended its main thread without finalize() (its process waits for thread(s) logger)",
+            128 + 15,  # torchrun's SIGTERM ends it, as it would without tether
+        ),
+    ],
+    ids=["exit2", "exit-thread"],
+)
+def test_a_rank_whose_sys_exit_reaches_the_top_under_torchrun_is_not_waited_for(
+    how: str, story: str, code: int
+) -> None:
+    res = torchrun("finish_early.py", "torchrun", how, nproc=2, bound=BOUND)
+    assert res.returncode == 1, res.output[-3000:]
+    assert res.elapsed < BOUND
+    check(res, story, "barrier #2")
+    assert re.search(rf"rank\s*: 1 \(local_rank: 1\)\n\s*exitcode\s*: {code} ", res.output), res.output[-3000:]
+    assert re.search(r"rank\s*: 0 \(local_rank: 0\)\n\s*exitcode\s*: 3 ", res.output), res.output[-3000:]
+    assert "Terminated" not in res.output, res.output[-3000:]  # no rank tells of its own stop

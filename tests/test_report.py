@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import signal
+import sys
 
 import pytest
 
@@ -20,6 +21,7 @@ from tether._core.record import (
     FailureRecord,
     describe_exit,
     error_from_record,
+    first_line,
     record_from_exception,
 )
 from tether.report import RankOutcome, render_report
@@ -109,6 +111,44 @@ def test_record_from_system_exit_is_an_exit() -> None:
     except SystemExit as exc:
         rec = record_from_exception(0, exc, "user code")
     assert (rec.kind, rec.exc_type, rec.message) == (KIND_EXIT, "SystemExit", "exit code 3")
+
+
+def test_a_system_exit_with_a_message_is_described_by_its_message_as_python_prints_it() -> None:
+    # sys.exit("text") prints the text and exits 1: "exit code fatal: ..." before
+    try:
+        sys.exit("fatal: no config in /etc/job.yaml")
+    except SystemExit as exc:
+        rec = record_from_exception(2, exc, "user code")
+    assert (rec.kind, rec.message) == (KIND_EXIT, "fatal: no config in /etc/job.yaml")
+    assert rec.headline == "rank 2 failed: SystemExit: fatal: no config in /etc/job.yaml"
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no")
+
+
+@pytest.mark.parametrize(
+    ("exc", "headline", "first"),
+    [
+        (RuntimeError(), "rank 1 failed: RuntimeError", "RuntimeError"),
+        (KeyboardInterrupt(), "rank 1 failed: KeyboardInterrupt", "KeyboardInterrupt"),
+        (RuntimeError("two\nlines"), "rank 1 failed: RuntimeError: two\nlines", "RuntimeError: two"),
+        (
+            _Unprintable(),
+            "rank 1 failed: _Unprintable: <message could not be rendered: ValueError>",
+            "_Unprintable: <message could not be rendered: ValueError>",
+        ),
+    ],
+)
+def test_an_exception_is_named_as_python_names_it_whatever_its_message(
+    exc: BaseException, headline: str, first: str
+) -> None:
+    # an empty message printed "RuntimeError: " (a dangling colon) in every line of the report
+    rec = record_from_exception(1, exc, "user code")
+    assert rec.headline == headline
+    assert render_report([rec]).splitlines()[1] == f"tether: job failed. Root cause: {headline.splitlines()[0]}"
+    assert first_line(exc) == first  # a rank's own "[rank N] failed: ..." line
 
 
 # --- what a survivor raises -----------------------------------------------------------

@@ -48,7 +48,7 @@ def cause_line(records: Sequence[FailureRecord], world_size: int | None = None) 
     """``rank 1 failed: ValueError: ...``, or ``every rank raised ValueError: ...``."""
     first = records[0]
     if raised_everywhere(records, world_size):
-        return f"every rank raised {first.exc_type}: {first.message}"
+        return f"every rank raised {first.error}"
     return first.headline
 
 
@@ -69,7 +69,7 @@ def render_report(
     root = records[0]
     everywhere = raised_everywhere(records, world_size)
     if everywhere:
-        lines = [RULE, f"tether: job failed. Every rank raised {root.exc_type}: {root.message}"]
+        lines = [RULE, f"tether: job failed. Every rank raised {root.error}"]
         lines.append(f"  (the same error on all {world_size} ranks; the traceback is rank {root.rank}'s)")
     else:
         lines = [RULE, f"tether: job failed. Root cause: {root.headline}"]

@@ -415,7 +415,7 @@ def _line(code: int | None, records: list[FailureRecord], rank: int, everywhere:
     if everywhere:
         return f"raised it ({describe_exit(code)})"
     if records and records[0].rank == rank:
-        return f"ROOT CAUSE: {records[0].exc_type}: {records[0].message} ({describe_exit(code)})"
+        return f"ROOT CAUSE: {records[0].error} ({describe_exit(code)})"
     names = {int(c): c.name for c in ExitCode}
     if code is not None and code in names:
         return f"stopped: {names[code]} ({describe_exit(code)})"

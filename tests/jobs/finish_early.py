@@ -4,12 +4,21 @@
     torchrun ... finish_early.py torchrun HOW
 
 Rank 1 finishes at once, by HOW: ``return`` (returns from the function), ``exit0``
-(``sys.exit(0)``) or, under torchrun, ``finalize`` (``finalize()`` then the script ends);
+(``sys.exit(0)``) or, under torchrun, ``finalize`` (``finalize()`` then the script ends),
+``exit2`` (``sys.exit(2)`` reaches the top: no finalize) or ``exit-thread``
+(``sys.exit("...")`` with a non-daemon thread running, which keeps its process alive);
 rank 0 does one barrier and then waits in a second one (``barrier #2``), or in an
 all_reduce with ``--collective``. Rank 0 must raise ``PeerFinished`` naming rank 1.
+
+With ``exit2`` rank 0 starts its wait once rank 1's exit functions have run (a file
+says so): torchrun's SIGTERM then reaches rank 0 about when its first check of finished
+ranks would (0.5 s into the wait), and the story must not depend on which comes first.
 """
 
+import atexit
+import os
 import sys
+import threading
 import time
 
 from lifecycle_common import emit, raised
@@ -18,6 +27,16 @@ import tether
 
 LAUNCHER, HOW = sys.argv[1], sys.argv[2]
 COLLECTIVE = "--collective" in sys.argv
+EXITED = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tether-finish-early-{os.environ.get('MASTER_PORT')}")
+
+
+def _exited() -> None:  # registered before tether's: runs after tether's exit function
+    with open(EXITED, "w"):
+        pass
+
+
+if HOW == "exit2" and os.environ.get("RANK") == "1":
+    atexit.register(_exited)
 
 
 def fn(local_rank: int) -> None:
@@ -27,7 +46,16 @@ def fn(local_rank: int) -> None:
         emit("finish", rank=rank, how=HOW, time=time.time())
         if HOW == "exit0":
             sys.exit(0)
+        if HOW == "exit2":
+            sys.exit(2)
+        if HOW == "exit-thread":
+            threading.Thread(target=time.sleep, args=(3600,), name="logger").start()
+            sys.exit("fatal: no config")
         return
+    if HOW == "exit2":
+        while not os.path.exists(EXITED):
+            time.sleep(0.005)
+        os.unlink(EXITED)
     try:
         if COLLECTIVE:
             tether.all_reduce(0.1)

@@ -71,6 +71,7 @@ class Context:
     posted: list[tuple[BaseException, FailureRecord]] = dataclasses.field(default_factory=list)  # own failures
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     leaving: str = "called finalize()"  # how this rank finishes, for a peer still waiting for it
+    left: bool = False  # its clean exit is recorded (``ending._main_thread_ended``: before the exit functions)
     wrote_own_error: bool = False  # tether wrote the error file for this rank's own failure, or for its blame
 
     def next_seq(self, group: str) -> int:

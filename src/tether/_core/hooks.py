@@ -58,6 +58,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from ..errors import ExitCode, TetherError
+from .record import first_line
 
 _ending = threading.Event()  # an owned process's excepthook runs the exit functions, then ``os._exit``
 _installed: list[Hooks] = []  # the hooks in place in this process (for a forked child to drop)
@@ -309,15 +310,12 @@ class Hooks:
             return
         self._said = self._owned  # elsewhere the interpreter goes on, and may meet another
         if self._owned and isinstance(shown, TetherError):
-            first = str(shown).splitlines()[0] if str(shown) else type(shown).__name__
             with contextlib.suppress(Exception):
-                sys.stderr.write(f"[rank {self.rank}] stopped: {type(shown).__name__}: {first}\n")
+                sys.stderr.write(f"[rank {self.rank}] stopped: {first_line(shown)}\n")
         elif self._owned and self._error_file is not None and os.path.exists(self._error_file):
-            first = str(exc).splitlines()[0] if str(exc) else ""
             with contextlib.suppress(Exception):
                 sys.stderr.write(
-                    f"[rank {self.rank}] failed: {type(exc).__name__}: {first} "
-                    "(its traceback is in torchrun's Root Cause report)\n"
+                    f"[rank {self.rank}] failed: {first_line(exc)} (its traceback is in torchrun's Root Cause report)\n"
                 )
         else:
             self._saved.get("excepthook", sys.__excepthook__)(type(exc), exc, exc.__traceback__)
@@ -352,6 +350,18 @@ class Hooks:
         if signum == signal.SIGINT:
             raise KeyboardInterrupt("stopped by SIGINT")
         raise Terminated(128 + signum)
+
+    def main_thread_ended(self) -> None:
+        """The main thread is done and the interpreter waits for non-daemon threads: in an
+        owned process a launcher's SIGTERM ends the process now, as it would without
+        tether (a ``Terminated`` raised in that wait is printed as "ignored", and the wait
+        goes on). Ctrl-C stays Python's: a ``KeyboardInterrupt`` there is ignored too."""
+        if self._owned and signal.getsignal(signal.SIGTERM) == self._on_signal:
+            signal.signal(signal.SIGTERM, self._on_signal_after_main_thread)
+
+    def _on_signal_after_main_thread(self, signum: int, frame: FrameType | None) -> None:
+        self.signalled = signum
+        end_process(128 + signum)
 
     def _on_signal_while_ending(self, signum: int, frame: FrameType | None) -> None:
         """A launcher's stop while the excepthook ends the process: end it now, with its code."""

@@ -72,8 +72,13 @@ class FailureRecord:
         is ``ExcType: message``, whose message names it.
         """
         if self.rank < 0:
-            return f"{self.exc_type}: {self.message}"
-        return f"rank {self.rank} failed: {self.exc_type}: {self.message}"
+            return self.error
+        return f"rank {self.rank} failed: {self.error}"
+
+    @property
+    def error(self) -> str:
+        """``ExcType: message``, or ``ExcType`` alone for an empty message, as Python prints it."""
+        return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
 
 
 # Frames a user did not write: left out of a record's traceback, with a note saying how many.
@@ -178,6 +183,12 @@ def _render(render: Any, what: str) -> str:
         return f"<{what} could not be rendered: {type(err).__name__}>"
 
 
+def first_line(exc: BaseException) -> str:
+    """``ExcType: the message's first line``, or ``ExcType`` alone, whatever ``__str__`` does."""
+    text = _render(lambda: exc, "message")
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text.strip() else type(exc).__name__
+
+
 def record_from_exception(rank: int, exc: BaseException, where: str) -> FailureRecord:
     """Describe ``exc``, raised on this process as ``rank``, as a record.
 
@@ -185,7 +196,12 @@ def record_from_exception(rank: int, exc: BaseException, where: str) -> FailureR
     placeholder for that part, a message longer than ``MAX_MESSAGE`` is cut with a note.
     """
     if isinstance(exc, SystemExit) and type(exc).__name__ == "SystemExit":
-        kind, message = KIND_EXIT, f"exit code {_render(lambda: exc.code, 'exit code')}"
+        # sys.exit(2) exits 2; sys.exit("text") prints the text and exits 1, as here
+        code = exc.code
+        kind, message = (
+            KIND_EXIT,
+            f"exit code {code}" if code is None or isinstance(code, int) else _render(lambda: code, "exit code"),
+        )
     else:
         kind, message = KIND_EXCEPTION, _render(lambda: exc, "message")
     tb = _render(lambda: format_traceback(exc), "traceback")

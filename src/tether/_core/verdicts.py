@@ -302,14 +302,12 @@ def failure_behind_stop(ctx: Context) -> TetherError | None:
             return watchdog.failure
         if watchdog.sweep() is not None:
             return watchdog.failure
-        answers = channel.ask_whereabouts(
-            range(channel.world_size), ctx.settings.answer_within, until=lambda: watchdog.failure is not None
-        )
+        finished = channel.finished(channel.connection)  # they will not answer: asking them costs answer_within
+        asked = [r for r in range(channel.world_size) if r != channel.rank and r not in finished]
+        answers = channel.ask_whereabouts(asked, ctx.settings.answer_within, until=lambda: watchdog.failure is not None)
         if watchdog.failure is not None:
             return watchdog.failure
-        silent = [
-            r for r in range(channel.world_size) if r != channel.rank and r not in answers and channel.done(r) is None
-        ]
+        silent = [r for r in asked if r not in answers and channel.done(r) is None]
         if not silent:
             return None
         record = lost_record(

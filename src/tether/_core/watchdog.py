@@ -400,7 +400,13 @@ class Watchdog:
                 with self._lock:
                     wait = self._wait  # the wait now: it may have begun while this thread slept
                 if readable and os.read(self._sig_r, 64).strip(b"\0"):
-                    self._wake(wait, ABORT, client)  # a signal: let the main thread's handler run
+                    # a signal: let the main thread's handler run. A launcher's SIGTERM may
+                    # follow a peer that left before this wait's sync (it exited non-zero
+                    # after its clean leave: ``sys.exit(2)``): its story is told first
+                    if wait.check is not None and self.failure is None:
+                        with contextlib.suppress(Exception):  # the wake below must come
+                            wait.check(client)
+                    self._wake(wait, ABORT, client)
                 now = self._clock()
                 if wait.deadline is not None and now >= wait.deadline:
                     self._wake(wait, EXPIRED, client)
