@@ -6,6 +6,7 @@ import json
 import pickle
 import signal
 import sys
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from tether._core.record import (
     describe_exit,
     error_from_record,
     first_line,
+    format_traceback,
     record_from_exception,
 )
 from tether.report import RankOutcome, render_report
@@ -133,7 +135,18 @@ class _Unprintable(Exception):
     [
         (RuntimeError(), "rank 1 failed: RuntimeError", "RuntimeError"),
         (KeyboardInterrupt(), "rank 1 failed: KeyboardInterrupt", "KeyboardInterrupt"),
-        (RuntimeError("two\nlines"), "rank 1 failed: RuntimeError: two\nlines", "RuntimeError: two"),
+        # a DataLoader worker's error carries the worker's traceback: the report printed all of it
+        # on the root cause's line, on its rank's line, and on JobFailed's
+        (
+            ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent..."),
+            "rank 1 failed: ValueError: Caught ValueError in DataLoader worker process 0.",
+            "ValueError: Caught ValueError in DataLoader worker process 0.",
+        ),
+        (
+            RuntimeError("\nafter a blank line\nmore"),
+            "rank 1 failed: RuntimeError: after a blank line",
+            "RuntimeError: after a blank line",
+        ),
         (
             _Unprintable(),
             "rank 1 failed: _Unprintable: <message could not be rendered: ValueError>",
@@ -147,8 +160,32 @@ def test_an_exception_is_named_as_python_names_it_whatever_its_message(
     # an empty message printed "RuntimeError: " (a dangling colon) in every line of the report
     rec = record_from_exception(1, exc, "user code")
     assert rec.headline == headline
-    assert render_report([rec]).splitlines()[1] == f"tether: job failed. Root cause: {headline.splitlines()[0]}"
+    assert render_report([rec]).splitlines()[1] == f"tether: job failed. Root cause: {headline}"
     assert first_line(exc) == first  # a rank's own "[rank N] failed: ..." line
+    assert str(PeerFailure(rec)) == f"{headline} (in user code)"  # never raised: no frame
+    assert isinstance(exc, _Unprintable) or rec.message == str(exc)  # whole, as it travels
+
+
+def test_the_hidden_frames_note_heads_the_outermost_traceback_whatever_the_message_holds() -> None:
+    # the note went under the last "Traceback (most recent call last):" in the text: one in
+    # a DataLoader worker's message, after the frames it counts
+    namespace: dict[str, Any] = {}
+    exec(compile("def call(f):\n    return f()\n", "/site-packages/tether/_fake.py", "exec"), namespace)
+
+    def load() -> None:
+        raise ValueError("Caught ValueError.\nOriginal Traceback (most recent call last):\nValueError: sample 37")
+
+    try:
+        namespace["call"](load)
+    except ValueError as exc:
+        text = format_traceback(exc)
+    lines = text.splitlines()
+    assert lines[:2] == [
+        "Traceback (most recent call last):",
+        "  [1 frame(s) of tether, contextlib or multiprocessing not shown]",
+    ]
+    assert text.count("not shown") == 1 and "_fake.py" not in text
+    assert text.endswith("Original Traceback (most recent call last):\nValueError: sample 37\n"), text
 
 
 # --- what a survivor raises -----------------------------------------------------------

@@ -77,8 +77,11 @@ class FailureRecord:
 
     @property
     def error(self) -> str:
-        """``ExcType: message``, or ``ExcType`` alone for an empty message, as Python prints it."""
-        return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
+        """``ExcType: message`` in one line: the message's first line (``ExcType`` alone for an
+        empty message, as Python prints it). A message of many lines (a DataLoader worker's
+        error carries the worker's traceback) is whole in ``message`` and at the end of
+        ``traceback``; the report and ``str()`` of a survivor's error show this line."""
+        return f"{self.exc_type}: {_first(self.message)}" if self.message.strip() else self.exc_type
 
 
 # Frames a user did not write: left out of a record's traceback, with a note saying how many.
@@ -116,8 +119,11 @@ def format_traceback(exc: BaseException) -> str:
     text = "".join(report.format())
     hidden = len(pairs) - len(kept)
     header = "Traceback (most recent call last):\n"
-    if hidden and header in text:
-        at = text.rindex(header) + len(header)
+    # the outermost exception's header: the last before its own lines, which may hold
+    # that header too (a DataLoader worker's error: "Original Traceback (most recent...")
+    stack_end = len(text) - len("".join(report.format_exception_only()))
+    if hidden and header in text[:stack_end]:
+        at = text.rindex(header, 0, stack_end) + len(header)
         text = text[:at] + _hidden_note(hidden) + text[at:]
     return text
 
@@ -186,7 +192,11 @@ def _render(render: Any, what: str) -> str:
 def first_line(exc: BaseException) -> str:
     """``ExcType: the message's first line``, or ``ExcType`` alone, whatever ``__str__`` does."""
     text = _render(lambda: exc, "message")
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text.strip() else type(exc).__name__
+    return f"{type(exc).__name__}: {_first(text)}" if text.strip() else type(exc).__name__
+
+
+def _first(text: str) -> str:
+    return next(line for line in text.splitlines() if line.strip())
 
 
 def record_from_exception(rank: int, exc: BaseException, where: str) -> FailureRecord:
