@@ -98,6 +98,8 @@ def test_a_signal_to_a_rank_waiting_in_barrier_is_honoured_within_half_a_second(
     elif launcher == "torchrun":
         root = torchrun_root_rank(res.output)
         assert root == 0, f"torchrun's root cause names rank {root}, expected 0\n{tail(res)}"
+        if signame == "SIGINT":  # one line, no traceback, and no word of a report torchrun may not print
+            assert "[rank 0] interrupted: KeyboardInterrupt" in res.stderr, tail(res)
     else:
         codes = {e["name"]: e["code"] for e in events(res, "exit")}
         assert codes.get("0") not in (0, None) and codes.get("1") not in (0, None), f"exit codes {codes}\n{tail(res)}"

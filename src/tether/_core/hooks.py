@@ -303,8 +303,9 @@ class Hooks:
         """Tell, once, how this rank ends: ``exc`` its own exception, ``shown`` the failure behind it.
 
         In an owned process a victim prints one line (the failing rank prints the one full
-        traceback), and a failing rank whose traceback torchrun's Root Cause report shows
-        (its error file is written) one line too; anything else goes to the previous hook.
+        traceback), an interrupted rank (Ctrl-C) one line, and a failing rank whose
+        traceback torchrun's Root Cause report shows (its error file is written) one line
+        too; anything else goes to the previous hook.
         """
         if self._said:
             return
@@ -312,6 +313,10 @@ class Hooks:
         if self._owned and isinstance(shown, TetherError):
             with contextlib.suppress(Exception):
                 sys.stderr.write(f"[rank {self.rank}] stopped: {first_line(shown)}\n")
+        elif self._owned and isinstance(exc, KeyboardInterrupt):
+            # a Ctrl-C's traceback says nothing, and torchrun, interrupted too, prints no report
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"[rank {self.rank}] interrupted: {first_line(exc)}\n")
         elif self._owned and self._error_file is not None and os.path.exists(self._error_file):
             with contextlib.suppress(Exception):
                 sys.stderr.write(
