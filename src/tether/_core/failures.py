@@ -87,9 +87,12 @@ def _report(ctx: Context, exc: BaseException) -> BaseException | None:
 
 
 def _same_node(ctx: Context, record: FailureRecord) -> bool:
-    """Whether the rank ``record`` is about ran on this rank's node (under this torchrun)."""
-    topo = ctx.backend.topology
-    return record.rank >= 0 and record.rank // topo.nproc_per_node == topo.node_rank
+    """Whether the rank ``record`` is about ran on this rank's node (under this torchrun).
+
+    torchrun numbers ranks node by node, so this node's are the ``nproc_per_node`` from
+    ``rank - local_rank`` on, whatever other nodes run.
+    """
+    return record.rank in ctx.backend.topology.node_ranks
 
 
 def blamed(ctx: Context, record: FailureRecord) -> None:
