@@ -90,3 +90,16 @@ def test_a_rank_whose_sys_exit_reaches_the_top_under_torchrun_is_not_waited_for(
     assert re.search(rf"rank\s*: 1 \(local_rank: 1\)\n\s*exitcode\s*: {code} ", res.output), res.output[-3000:]
     assert re.search(r"rank\s*: 0 \(local_rank: 0\)\n\s*exitcode\s*: 3 ", res.output), res.output[-3000:]
     assert "Terminated" not in res.output, res.output[-3000:]  # no rank tells of its own stop
+
+
+def test_uneven_data_under_join_trains_in_step_and_ends_without_a_warning() -> None:
+    # the remedy the migration guide gives: each Join forward's async all-reduce, which DDP's
+    # reducer waits for in C++ and keeps, looked in flight at exit: every rank waited 2 s and
+    # warned "the backend's threads still hold 1 tensor(s) ... may abort this process"
+    res = python("join_uneven.py", bound=BOUND)
+    assert res.returncode == 0, res.output[-3000:]
+    weights = {e["rank"]: e for e in lc_events(res, "weights")}
+    assert (weights[0]["steps"], weights[1]["steps"]) == (5, 8)
+    assert weights[0]["weights"] == weights[1]["weights"]  # rank 0 shadowed rank 1's last steps
+    assert "tether:" not in res.stderr, res.stderr[-3000:]
+    assert res.leftovers == []

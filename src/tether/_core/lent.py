@@ -37,6 +37,12 @@ waited for only until ``SETTLE`` seconds after it was done: a worker drops a fin
 work within its loop's next few microseconds, and references still there after that are
 the program's. A work that may still be in flight (an async raw work, a call that
 raised) is waited for by its count alone, and only such a work is the warning's subject.
+An async raw work is kept (a strong reference) until it is seen complete, at the next
+call or at the exit: a complete work is done, and its tensors held after it are the
+program's. ``Join`` (``torch.distributed.algorithms``) issues an async all-reduce in each
+DDP forward that the reducer waits for in C++ and then keeps: it cost every rank of a
+``Join`` job 2 s and a false warning at exit. Kept, the work is dropped on the main thread,
+the GIL held, or by a worker within its loop once it completed (``GRACE``).
 A process that tether ends after a failure (its excepthook runs the exit functions, then
 ``os._exit``) has no teardown ahead, and does not wait: a survivor's work left pending on
 the dead peer cost each survivor the whole ``SETTLE`` and a warning there (under torchrun).
@@ -69,18 +75,28 @@ Counted = list[tuple[torch.Tensor, int]]
 class Call:
     """The tensors one call lent, and when its work was known done (None: maybe in flight)."""
 
-    __slots__ = ("done_at", "loans")
+    __slots__ = ("done_at", "loans", "settle", "work")
 
-    def __init__(self, loans: tuple[Loan, ...], done_at: float | None) -> None:
+    def __init__(self, loans: tuple[Loan, ...], done_at: float | None, work: Any = None) -> None:
         self.loans = loans
         self.done_at = done_at
+        self.work = work  # an async work, until it is seen complete
+        self.settle = SETTLE  # seconds after done_at when its worker surely dropped it
 
     def settled(self, now: float) -> bool:
-        """Done ``SETTLE`` seconds ago: the backend's threads dropped its work long since."""
-        return self.done_at is not None and now - self.done_at >= SETTLE
+        """Done ``settle`` seconds ago: the backend's threads dropped its work long since."""
+        return self.done_at is not None and now - self.done_at >= self.settle
+
+    def completed(self, settle: float) -> bool:
+        """Whether its async work is seen complete now (then it is done, and let go)."""
+        if self.work is None or not self.work.is_completed():
+            return False
+        self.work, self.done_at, self.settle = None, time.monotonic(), settle
+        return True
 
 
 _calls: collections.deque[Call] = collections.deque(maxlen=KEPT)
+_async: list[Call] = []  # the calls among them whose async work was not yet seen complete
 
 
 def _count(tensor: torch.Tensor) -> int:
@@ -101,14 +117,18 @@ def counted_args(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Counted:
     return found
 
 
-def lend(found: Counted, done: bool = False) -> Call | None:
+def lend(found: Counted, done: bool = False, work: Any = None) -> Call | None:
     """Note ``found``'s tensors, handed to a backend by a call (a call that raised leaves
     them at their counts: never waited for); ``done``: its work is finished (else tell
-    ``returned`` once it is)."""
+    ``returned`` once it is, or pass its async ``work``, which is looked at later)."""
+    if _async:
+        _async[:] = [c for c in _async if not c.completed(SETTLE) and c in _calls]
     if not found:
         return None
-    call = Call(tuple((weakref.ref(t), n) for t, n in found), time.monotonic() if done else None)
+    call = Call(tuple((weakref.ref(t), n) for t, n in found), time.monotonic() if done else None, work)
     _calls.append(call)
+    if work is not None:
+        _async.append(call)
     return call
 
 
@@ -142,7 +162,10 @@ def settle(bound: float = SETTLE) -> int:
     deadline = time.monotonic() + bound
     calls = list(_calls)
     _calls.clear()
+    _async.clear()
     while True:
+        for call in calls:
+            call.completed(GRACE)  # seen complete now: its worker lets go within microseconds
         now = time.monotonic()
         states = [_held(loan) for call in calls if not call.settled(now) for loan in call.loans]
         if True not in states:

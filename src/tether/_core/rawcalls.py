@@ -198,13 +198,14 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         found = lent.counted_args(args, kwargs)
-        done = False
+        done, work = False, None
         try:
             result = _outside(call, signature, original, args, kwargs)
-            done = not isinstance(result, dist.Work)  # a blocking call returned: its work is finished
+            work = result if isinstance(result, dist.Work) else None
+            done = work is None  # a blocking call returned: its work is finished
             return result
         finally:
-            lent.lend(found, done)  # also an async work's: it is the caller's, the exit still waits for it
+            lent.lend(found, done, work)  # an async work is the caller's: looked at until it is complete
 
     if name not in _MAKES_GROUPS:
         return wrapper
