@@ -91,6 +91,54 @@ def resumed_exactly(res: Result, reference: Path, out_dir: Path, survivor: int, 
         assert torch.equal(ref[name], got[name]), name
 
 
+@pytest.mark.timeout(2 * BOUND + 60)
+def test_a_peer_failure_met_between_steps_still_saves_the_last_completed_step(reference: Path, tmp_path: Path) -> None:
+    # rank 1 raises after step 6, outside any step, while rank 0 waits for it in a barrier
+    # there (as in an evaluation): PeerFailure left no step, and no rank saved (be9d16f):
+    # the restart trained from step 0 again
+    res = torchrun(tmp_path, "--fail-between", "6", "--fail-rank", "1")
+    assert "[rank 0] stopped: PeerFailure: rank 1 failed: RuntimeError: injected failure after step 6" in res.output
+    resumed_exactly(res, reference, tmp_path, survivor=0, step=6)
+
+
+def _resume_job(out: Path, launcher: str, *args: str) -> Result:
+    if launcher == "torchrun":
+        return torchrun(out, *args)
+    command = [sys.executable, str(JOBS / "resume_job.py"), str(out), "--spawn", *args]
+    return run(command, BOUND, env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.timeout(3 * BOUND + 60)
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
+    reference: Path, tmp_path: Path, launcher: str
+) -> None:
+    # a scheduler's stop (SIGTERM to the launcher, which SIGTERMs every rank) while the
+    # ranks are between steps: no rank saved, and tether.spawn (max_restarts=1) started
+    # the job again, from step 0 (be9d16f). Both launchers are run with a restart to spare
+    stopped = _resume_job(tmp_path, launcher, "--stop-at", "7")
+    out = stopped.output
+    assert stopped.returncode is not None and stopped.elapsed < 30, out[-4000:]  # the ranks sleep 60 s
+    assert re.findall(r"^tether: rank (\d) saved an emergency checkpoint of step (\d+) to ", out, re.M) == [
+        ("0", "7")
+    ], out[-4000:]
+    assert "starting every worker again" not in out and "resumed from" not in out, out[-4000:]  # a stop stays stopped
+    if launcher == "spawn":
+        assert stopped.returncode == 128 + 15, out[-4000:]
+        assert "tether: job stopped (SIGTERM); every rank stopped (rank 0: " in stopped.stderr, out[-4000:]
+        assert "Emergency checkpoint: rank 0 saved an emergency checkpoint of step 7 to " in stopped.stderr
+    else:  # torchrun's agent: its SignalException, and no second attempt
+        assert "got signal: 15" in stopped.stderr, out[-4000:]
+    assert stopped.leftovers == []
+    again = _resume_job(tmp_path, launcher)  # the scheduler's next job
+    assert again.returncode == 0, again.output[-4000:]
+    assert again.output.count("resumed from the emergency checkpoint of step 7") == 1, again.output[-4000:]
+    assert trained(tmp_path) == trained(reference)  # every step once, on the same samples
+    ref, got = weights(reference), weights(tmp_path)
+    assert all(torch.equal(ref[name], got[name]) for name in ref)
+    assert again.leftovers == []
+
+
 LATE = {  # how the failure's notice overtakes a survivor's all-reduce: flags -> the job's lines
     "result": (["--late-allreduce"], ["an all-reduce handed back late"]),
     "registration": (["--late-register"], ["an all-reduce registered late"]),

@@ -52,8 +52,9 @@ steps continues exactly too.
 
 **The emergency checkpoint.** When ``PeerFailure``, ``PeerLost``, ``SyncTimeout`` or
 ``SyncMismatch`` leaves the step (or a backend error out of a raw collective, such as
-FSDP's, that a peer's failure explains, or a launcher's SIGTERM that a peer's death
-explains, come while the user's code ran), the replica is consistent if the optimizer's
+FSDP's, that a peer's failure explains, or a launcher's SIGTERM, come while the user's
+code ran: one that a peer's death explains, or the job's own stop, as a scheduler's
+preemption SIGTERMs every rank), the replica is consistent if the optimizer's
 step had not begun (the state is the last completed step's) or had finished (it is this
 step's); the Checkpointer knows which from hooks on the optimizer. The consistent
 survivors offer to write it; after ``CLAIM_WINDOW`` (0.25 s) the lowest of them claims it
@@ -193,6 +194,8 @@ class Checkpointer:
         self._optimizers = [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
+        self._trained = False  # a step completed in this process
+        self._ended = False  # a failure ended training here: its emergency save was decided
         self._writer: threading.Thread | None = None
         self._released = threading.Event()  # the writer is done reading what the optimizers change
         self._released.set()
@@ -257,7 +260,10 @@ class Checkpointer:
     @contextlib.contextmanager
     def step(self, epoch: int, iteration: int) -> Iterator[None]:
         """One optimizer step at ``(epoch, iteration)``; see the module docstring."""
-        rank = current().backend.topology.rank
+        ctx = current()
+        rank = ctx.backend.topology.rank
+        if self._at_failure not in ctx.on_failure:  # a failure between steps ends the rank there
+            ctx.on_failure.append(self._at_failure)
         self._seed(self.position.step, rank)
         self._stepped = self._in_optimizer_step = False  # (an optimizer step that raised left it set)
         done = self.position.step + 1
@@ -269,13 +275,14 @@ class Checkpointer:
         except _PEER_FAILURES as exc:
             self._stopped(exc, epoch, iteration)
             raise
-        except Terminated:
+        except Terminated as stop:
             # a launcher's SIGTERM in the user's code (inside a tether wait it is a peer's
             # failure already): torchrun's, 0.1 s after a worker died, can come before this
-            # rank learns of that death (a SIGKILLed peer posts nothing)
+            # rank learns of that death (a SIGKILLed peer posts nothing). With no peer's
+            # failure behind it, the job itself is being stopped (a preemption: the
+            # scheduler's SIGTERM to every rank), and this replica is as consistent
             behind = failure_behind_stop(current())
-            if isinstance(behind, _PEER_FAILURES):
-                self._stopped(behind, epoch, iteration)
+            self._stopped(behind if isinstance(behind, _PEER_FAILURES) else stop, epoch, iteration)
             raise
         except RuntimeError as exc:
             # a backend error out of a raw collective (FSDP's, the user's): a victim if a peer's failure is behind it
@@ -285,6 +292,7 @@ class Checkpointer:
             self._stopped(behind, epoch, iteration)
             raise behind from exc
         self.position = _next(epoch, iteration, done)
+        self._trained = True
         if saving:
             self._save(offers, rank)
 
@@ -303,8 +311,18 @@ class Checkpointer:
         """Whether this rank can write its part of a periodic save (``_write_part``)."""
         return self._split and self._sharded is None and current().channel is not None
 
-    def _stopped(self, exc: TetherError, epoch: int, iteration: int) -> None:
-        """A peer's failure left the step: the emergency save, SIGTERM held meanwhile."""
+    def _at_failure(self, failure: BaseException) -> None:
+        """This rank ends on ``failure``, posted (``Context.on_failure``). One that left a step
+        went through ``step``; one that came between steps (a peer's failure met in the
+        evaluation's collective, a preemption's SIGTERM in the data loader) finds this
+        replica at the last completed step, as consistent: the same emergency save."""
+        if not self._ended and self._trained and isinstance(failure, (*_PEER_FAILURES, Terminated)):
+            self._stopped(failure, None, None)
+
+    def _stopped(self, exc: BaseException, epoch: int | None, iteration: int | None) -> None:
+        """A peer's failure, or the job's stop, left the step (``epoch``, ``iteration``; None:
+        it came between steps): the emergency save, SIGTERM held meanwhile."""
+        self._ended = True
         if self.emergency:
             # at once: torchrun's SIGTERM comes 0.1 s after a worker died. One that came is
             # not sent again: it asked this rank to stop, and the peer's failure that goes on
@@ -331,7 +349,7 @@ class Checkpointer:
         self._in_optimizer_step = False
         self._stepped = True
 
-    def _emergency(self, exc: TetherError, epoch: int, iteration: int) -> None:
+    def _emergency(self, exc: BaseException, epoch: int | None, iteration: int | None) -> None:
         ctx = current()
         rank = ctx.backend.topology.rank
         why_not = None
@@ -348,7 +366,9 @@ class Checkpointer:
                 with contextlib.suppress(Exception):
                     ctx.channel.announce_emergency(f"rank {rank}: {why_not}", 0.0)
             return
-        position = _next(epoch, iteration, self.position.step + 1) if self._stepped else self.position
+        position = self.position  # between steps, and in a step that had not stepped the optimizers
+        if self._stepped and epoch is not None and iteration is not None:
+            position = _next(epoch, iteration, self.position.step + 1)
         if ctx.channel is None or not ctx.channel.claim_emergency(rank, CLAIM_WINDOW):
             return  # a lower survivor saves it: replicas are identical
         self._abandon.set()  # a split periodic save may wait for a part that the failure stopped

@@ -45,6 +45,7 @@ from typing import Any
 from . import _checks
 from ._checks import to_timedelta
 from ._core.channel import Channel, generation
+from ._core.hooks import Terminated
 from ._core.liveness import NodeWatch, PeerJudge
 from ._core.options import Options
 from ._core.record import KIND_EXIT, KIND_SIGNAL, FailureRecord, describe_exit
@@ -200,6 +201,7 @@ class _Supervisor:
         self.client = channel.client()
         self.store_gone = False
         self.interrupted = False  # the launcher got SIGINT (Ctrl-C)
+        self.terminated = False  # the launcher got SIGTERM (a scheduler's stop, a preemption)
         self.extended = False  # the kill deadline was extended for an emergency checkpoint
 
     def run(self) -> None:
@@ -219,10 +221,31 @@ class _Supervisor:
             sys.stderr.flush()
             raise KeyboardInterrupt
         try:
+            if self.terminated:
+                self._stopped()
             if any(self.codes.values()):
                 self._fail()
         finally:
             self._leave()
+
+    def _stopped(self) -> None:
+        """The launcher was told to stop (SIGTERM: a scheduler's cancel or preemption), and
+        every rank has: one line, the emergency checkpoint's if a survivor wrote one, and
+        ``SystemExit(143)``, as Python's default for SIGTERM ends a process, not a
+        ``JobFailed``: the job is not started again (``max_restarts``), as torchrun's agent
+        is not. A rank's own failure that came first still gets its report."""
+        records: list[FailureRecord] = []
+        with contextlib.suppress(Exception):
+            records = [] if self.store_gone else self.channel.records()
+        if records and records[0].exc_type != Terminated.__name__:
+            with contextlib.suppress(JobFailed):
+                self._fail()
+        else:
+            codes = ", ".join(f"rank {self.first_rank + k}: {describe_exit(c)}" for k, c in sorted(self.codes.items()))
+            lines = [f"tether: job stopped (SIGTERM); every rank stopped ({codes})", *self._emergency_note()]
+            sys.stderr.write("\n".join(lines) + "\n")
+            sys.stderr.flush()
+        raise Terminated(128 + signal.SIGTERM)
 
     def _leave(self) -> None:
         """The end of a multi-node job's launcher: each other node's says it is done with
@@ -265,6 +288,7 @@ class _Supervisor:
 
         def forward(signum: int, frame: object) -> None:
             self.interrupted = self.interrupted or signum == signal.SIGINT
+            self.terminated = self.terminated or signum == signal.SIGTERM
             for p in self.procs.values():
                 if p.pid is not None and p.exitcode is None:
                     os.kill(p.pid, signum)

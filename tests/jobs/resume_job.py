@@ -18,6 +18,12 @@ thread that completes the all-reduce. The all-reduce itself has completed: its r
 unchanged, only late: ``--late-by`` seconds after the notice (0.01; at 0.6 torchrun's
 SIGTERM, 0.1 s after rank R exited, lands first).
 
+``--fail-between K`` (first attempt only): rank R raises after step K, outside any step,
+while the others wait for it in a barrier there, as in an evaluation between steps.
+``--stop-at K``: after step K, rank 0 SIGTERMs the launcher (torchrun's agent, or
+``tether.spawn``'s), which stops every rank with SIGTERM, as a scheduler's preemption; the
+ranks wait for it between steps. The job is then run again by hand, as a scheduler would.
+
 ``--late-register`` (first attempt only): on the other ranks, tether's guard registers
 that all-reduce's future with the watchdog only once the failure has reached the rank, as
 when the main thread is preempted between issuing the all-reduce and registering it.
@@ -49,6 +55,18 @@ parser.add_argument("--late-allreduce", action="store_true")
 parser.add_argument("--late-by", type=float, default=0.01, help="seconds after the notice (--late-allreduce)")
 parser.add_argument("--late-register", action="store_true")
 parser.add_argument("--sleep-at", type=int, default=-1, help="rank 0 sleeps 1 s in its code at this step (attempt 0)")
+parser.add_argument(
+    "--fail-between",
+    type=int,
+    default=-1,
+    help="rank R raises after step K, between steps, while the others wait in a barrier there (attempt 0)",
+)
+parser.add_argument(
+    "--stop-at",
+    type=int,
+    default=-1,
+    help="after step K rank 0 SIGTERMs the launcher, as a scheduler's preemption; every rank waits between steps",
+)
 parser.add_argument(
     "--settle-before-fail",
     action="store_true",
@@ -226,6 +244,16 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                     line = {"attempt": attempt, "epoch": epoch, "it": i, "step": step, "idx": idx.tolist()}
                     log.write(json.dumps(line) + "\n")
                     log.flush()
+                if attempt == 0 and ckpt.position.step == args.fail_between:
+                    if rank == args.fail_rank:
+                        raise RuntimeError(f"injected failure after step {args.fail_between} on rank {rank}")
+                    tether.barrier()  # as an evaluation's collective between steps: the failure meets it here
+                if ckpt.position.step == args.stop_at:  # a restarted job resumes past it: never again
+                    tether.barrier()  # every rank has logged step K (a SIGTERM in a step may cut its log)
+                    if rank == 0:
+                        launcher = int(os.environ.get("RESUME_JOB_LAUNCHER", os.getppid()))  # torchrun's agent
+                        os.kill(launcher, signal.SIGTERM)  # it stops every rank with SIGTERM
+                    time.sleep(60)  # between steps, where that SIGTERM finds every rank
     ckpt.wait()
     if rank == 0:
         torch.save(model.module.state_dict(), Path(args.out, "final.pt"))
@@ -234,6 +262,7 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     args = parser.parse_args()
     if args.spawn:
+        os.environ["RESUME_JOB_LAUNCHER"] = str(os.getpid())  # for --stop-at: the workers' launcher
         tether.spawn("gloo", train, (args,), nproc_per_node=2, max_restarts=1)
     else:
         tether.initialize("gloo")

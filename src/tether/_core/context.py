@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -72,6 +73,9 @@ class Context:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     leaving: str = "called finalize()"  # how this rank finishes, for a peer still waiting for it
     left: bool = False  # its clean exit is recorded (``ending._main_thread_ended``: before the exit functions)
+    # called with the failure this rank ends on, once posted (``failures.report_failure``):
+    # a Checkpointer's emergency save, for a failure that came between its steps
+    on_failure: list[Callable[[BaseException], None]] = dataclasses.field(default_factory=list)
     wrote_own_error: bool = False  # tether wrote the error file for this rank's own failure, or for its blame
 
     def next_seq(self, group: str) -> int:

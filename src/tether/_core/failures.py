@@ -36,12 +36,24 @@ def report_failure(exc: BaseException) -> BaseException | None:
     if ctx is None or ctx.channel is None or is_success(exc):
         return None
     if ctx.hooks is None:
-        return _report(ctx, exc)
+        behind = _report(ctx, exc)
+        _after_post(ctx, behind or exc)
+        return behind
     with ctx.hooks.posting() as stops:  # a launcher's SIGTERM must not land inside the post
         behind = _report(ctx, exc)
+        _after_post(ctx, behind or exc)
     if stops:
         ctx.hooks.stop_after(stops[0], behind if isinstance(behind, TetherError) else exc)
     return behind
+
+
+def _after_post(ctx: Context, failure: BaseException) -> None:
+    """Run what waits for this rank's end on ``failure`` (``Context.on_failure``); never raises."""
+    for call in list(ctx.on_failure):
+        try:
+            call(failure)
+        except Exception as err:
+            log.warning("tether: %r failed after this rank's failure: %s: %s", call, type(err).__name__, err)
 
 
 def _report(ctx: Context, exc: BaseException) -> BaseException | None:
