@@ -150,3 +150,19 @@ def test_a_launchers_stop_in_user_code_ends_the_rank_with_the_peers_failure_not_
     assert "PeerFailure: rank 1 failed: RuntimeError: boom from rank 1" in failures, failures
     assert "terminate called" not in res.stderr, tail(res)
     assert res.leftovers == [], tail(res)
+
+
+@pytest.mark.timeout(120)
+def test_a_users_own_handler_that_returns_leaves_every_tether_wait_to_complete() -> None:
+    # a SIGTERM handler that sets a flag ("save at the end of this step", a preemption's
+    # usual answer) during a barrier: the keeper's wake wrote "abort" into the gate's key,
+    # and both ranks ended, "BackendError: sync ended with status 'abort'" (53a2784); in an
+    # all_reduce the wake made the wait return before the work, unguarded
+    res = python("user_signal.py", bound=90)
+    assert res.returncode == 0, tail(res)
+    done = {e["rank"]: e for e in events(res, "done")}
+    assert done[0]["handled"] == 3 and done[1]["handled"] == 0, done
+    assert all(done[r]["results"] == [None, r, pytest.approx(1.2)] for r in (0, 1)), done  # all_reduce: 0.1 + 1.1
+    waited = {(e["rank"], e["kind"]): e["seconds"] for e in events(res, "waited")}
+    assert all(waited[0, kind] > 0.5 for kind in ("barrier", "one_rank_first", "all_reduce")), waited
+    assert res.leftovers == []

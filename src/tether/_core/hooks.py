@@ -119,6 +119,19 @@ def holding(signals: list[signal.Signals]) -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+def ends_a_wait(signum: int) -> bool:
+    """Whether ``signum``'s handler now is one that ends the main thread's wait: tether's own
+    (it raises ``Terminated``/``KeyboardInterrupt``) or Python's Ctrl-C. A handler of the
+    user's may return (it sets a flag: "save at the end of this step"), and then the wait
+    must go on (``watchdog.SIGNALLED``). Callable from any thread."""
+    try:
+        handler = signal.getsignal(signum)
+    except (ValueError, OSError):
+        return False
+    own = (Hooks._on_signal, Hooks._on_signal_while_ending, Hooks._on_signal_after_main_thread)
+    return handler is signal.default_int_handler or getattr(handler, "__func__", None) in own
+
+
 def end_process(code: int) -> None:
     """End this process now with ``code``: streams flushed, no teardown, no exit functions.
 

@@ -67,7 +67,7 @@ from .verdicts import (
     mismatch,
     warn_stall,
 )
-from .watchdog import ABORT, EXPIRED
+from .watchdog import ABORT, EXPIRED, SIGNALLED
 
 log = logging.getLogger("tether")
 
@@ -177,7 +177,7 @@ def gate(
         if value >> _COUNT_BITS != count * h:
             raise ctx.watchdog.taken(mismatch(ctx, group, signature))
         if role == "leader" or (role == "member" and count == len(group.members)):
-            status = ctx.store.compare_set(base + "/go", "", "ok").decode()
+            status = _release(ctx, base + "/go")
         else:
             status = wait_key(ctx, base + "/go", group, seq, signature, timeout)
         if status != "ok":
@@ -186,6 +186,19 @@ def gate(
         ctx.last_gate[group.key] = seq
         if count == len(group.members) and previous is not None:
             _forget(ctx, group, previous)
+
+
+def _release(ctx: Context, key: str) -> str:
+    """Write ``ok`` to a gate's key; returns its value then (another, if one was there first).
+
+    ``ok`` replaces a member's wake for a handled signal (``SIGNALLED``), which its
+    waiters poll meanwhile (``wait_key``).
+    """
+    assert ctx.store is not None
+    status = ctx.store.compare_set(key, "", "ok").decode()
+    if status == SIGNALLED:
+        status = ctx.store.compare_set(key, SIGNALLED, "ok").decode()
+    return status
 
 
 def _forget(ctx: Context, group: Group, seq: int) -> None:
@@ -235,6 +248,18 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
     try:
         try:
             status = ctx.store.get(key).decode()
+            pause = 0.001
+            while status == SIGNALLED:
+                # a member's signal whose handler returned (one that raised left its wait):
+                # the gate goes on. Its key no longer blocks a get, nor takes another wake,
+                # so it is polled until the last member writes "ok" over the mark (``_release``)
+                ctx.watchdog.check()
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    status = EXPIRED
+                    break
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
+                status = ctx.store.get(key).decode()
         except dist.DistNetworkError as exc:
             raise ctx.watchdog.taken(ctx.watchdog.store_lost(exc)) from exc
         if status == EXPIRED and timeout is not None:

@@ -78,7 +78,7 @@ from torch._C._distributed_c10d import Store
 from ..errors import ExitCode, PeerLost, SyncTimeout, TetherError
 from .channel import ROOT_WAIT, Channel
 from .futures import FINISHED_KEY, Failables
-from .hooks import end_process
+from .hooks import end_process, ends_a_wait
 from .janitor import Janitor
 from .liveness import NodeWatch, PeerJudge, StoreAnswerWatch, StoreHostWatch
 from .nccl import abort_in_background
@@ -88,6 +88,9 @@ log = logging.getLogger("tether")
 
 RULE = "=" * 72
 ABORT = "abort"  # written to the key of a store wait to wake the main thread
+# written there instead for a signal whose handler may return (the user's): the wait
+# clears it and goes on (``waits.wait_key``); "abort" would end every member's wait
+SIGNALLED = "signalled"
 EXPIRED = "expired"  # written by the keeper when a store wait reaches its timeout
 PERIOD = 0.2  # a polled channel's period, and the listener's pause after an error
 JUDGE_PERIOD = 0.5  # the keeper's period while it judges the host's other ranks
@@ -293,8 +296,8 @@ class Watchdog:
             self._arm(self.config.grace)
             threading.Thread(target=self._ladder, name="tether-ladder", daemon=True).start()
 
-    def _wake(self, wait: _Wait, value: str, client: Store | None) -> None:
-        if wait.event is not None:
+    def _wake(self, wait: _Wait, value: str, client: Store | None, event: bool = True) -> None:
+        if wait.event is not None and event:
             wait.event.set()
         if wait.key is not None and client is not None:
             try:
@@ -399,14 +402,18 @@ class Watchdog:
                     return
                 with self._lock:
                     wait = self._wait  # the wait now: it may have begun while this thread slept
-                if readable and os.read(self._sig_r, 64).strip(b"\0"):
+                signals = [s for s in os.read(self._sig_r, 64) if s] if readable else []
+                if signals:
                     # a signal: let the main thread's handler run. A launcher's SIGTERM may
                     # follow a peer that left before this wait's sync (it exited non-zero
                     # after its clean leave: ``sys.exit(2)``): its story is told first
                     if wait.check is not None and self.failure is None:
                         with contextlib.suppress(Exception):  # the wake below must come
                             wait.check(client)
-                    self._wake(wait, ABORT, client)
+                    # only a store wait needs a wake: a wait on an event (a lock) runs the
+                    # handler itself, and goes on when it returns
+                    ends = any(ends_a_wait(s) for s in signals)
+                    self._wake(wait, ABORT if ends else SIGNALLED, client, event=False)
                 now = self._clock()
                 if wait.deadline is not None and now >= wait.deadline:
                     self._wake(wait, EXPIRED, client)
