@@ -50,3 +50,14 @@ def test_a_failed_job_leaves_no_dataloader_worker_behind(how: str, tmp_path: Pat
     if how == "raise":
         assert left["workers"] == [], left
     assert res.leftovers == [], f"left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(120)
+def test_a_dataloader_worker_ending_with_a_thread_running_does_not_end_its_rank() -> None:
+    # 075f8a3's hook for the end of the main thread ran in the forked worker too, and
+    # recorded its rank's exit: rank 0 raised PeerFinished naming rank 1 in the next barrier
+    res = python("dataloader_thread.py", bound=BOUND)
+    assert res.returncode == 0, tail(res)
+    done = {e["rank"]: e["total"] for e in events(res, "done")}
+    assert done == {0: 960.0, 1: 960.0}, done  # 2 epochs x (0 + ... + 15) x 2 features x 2 ranks summed
+    assert res.leftovers == []

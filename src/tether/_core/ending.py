@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import functools
 import logging
+import os
 import signal
 import sys
 import threading
@@ -114,11 +115,11 @@ def register_atexit() -> None:
         # (concurrent.futures stops its workers there); absent elsewhere, and then unused
         before_join = getattr(threading, "_register_atexit", None)
         if before_join is not None:
-            before_join(_main_thread_ended)
+            before_join(functools.partial(_main_thread_ended, os.getpid()))
         _atexit_registered = True
 
 
-def _main_thread_ended() -> None:
+def _main_thread_ended(pid: int) -> None:
     """The main thread is done (it returned, or ``SystemExit`` reached the top), and the
     interpreter is about to wait for the non-daemon threads before the exit functions run.
 
@@ -126,10 +127,12 @@ def _main_thread_ended() -> None:
     after ``sys.exit("...")`` as it would after a raise, which the excepthook ends: a peer
     waiting for this rank in a sync would wait for good. The rank records its exit now,
     naming the threads, so such a peer raises ``PeerFinished`` (``verdicts.left_behind``);
-    with none running, ``_at_exit`` records it a moment later, as before.
+    with none running, ``_at_exit`` records it a moment later, as before. A forked child
+    (a DataLoader's worker: ``multiprocessing`` calls this hook as it ends) inherits the
+    hook and the context, not the rank: it does nothing (``pid`` is the rank's).
     """
     ctx = context.peek()
-    if ctx is None or ctx.channel is None or ctx.watchdog is None or ctx.failed or ctx.left:
+    if os.getpid() != pid or ctx is None or ctx.channel is None or ctx.watchdog is None or ctx.failed or ctx.left:
         return
     main = threading.main_thread()
     # tether's own (a checkpoint's writer) end by themselves, within their save
