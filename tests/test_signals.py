@@ -166,3 +166,18 @@ def test_a_users_own_handler_that_returns_leaves_every_tether_wait_to_complete()
     waited = {(e["rank"], e["kind"]): e["seconds"] for e in events(res, "waited")}
     assert all(waited[0, kind] > 0.5 for kind in ("barrier", "one_rank_first", "all_reduce")), waited
     assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
+def test_a_preemption_the_users_code_takes_gracefully_ends_the_job_as_it_would_have_ended() -> None:
+    # tether.spawn's launcher, SIGTERMed, raises SystemExit(143) when its ranks stopped on
+    # it (343b07d): here every rank took the SIGTERM as a flag and returned, and the job
+    # must end as it would have, without a restart
+    res = python("graceful_stop.py", bound=90)
+    assert res.returncode == 0, tail(res)
+    stopped = {e["rank"]: e["step"] for e in events(res, "stopped")}
+    assert sorted(stopped) == [0, 1] and stopped[0] == stopped[1] >= 20, stopped
+    assert events(res, "launcher returned"), tail(res)
+    assert "tether: job stopped (SIGTERM); every rank finished" in res.stderr, tail(res)
+    assert "starting every worker again" not in res.stderr, tail(res)
+    assert res.leftovers == []

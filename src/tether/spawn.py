@@ -233,7 +233,12 @@ class _Supervisor:
         every rank has: one line, the emergency checkpoint's if a survivor wrote one, and
         ``SystemExit(143)``, as Python's default for SIGTERM ends a process, not a
         ``JobFailed``: the job is not started again (``max_restarts``), as torchrun's agent
-        is not. A rank's own failure that came first still gets its report."""
+        is not. A rank's own failure that came first still gets its report; ranks that all
+        finished (a handler of the user's took the SIGTERM as "stop after this step") end
+        the job as it would have ended."""
+        if not any(self.codes.values()):
+            sys.stderr.write("tether: job stopped (SIGTERM); every rank finished\n")
+            return
         records: list[FailureRecord] = []
         with contextlib.suppress(Exception):
             records = [] if self.store_gone else self.channel.records()
