@@ -161,7 +161,7 @@ def test_a_users_own_handler_that_returns_leaves_every_tether_wait_to_complete()
     res = python("user_signal.py", bound=90)
     assert res.returncode == 0, tail(res)
     done = {e["rank"]: e for e in events(res, "done")}
-    assert done[0]["handled"] == 3 and done[1]["handled"] == 0, done
+    assert (done[0]["handled"], done[0]["other"], done[1]["handled"], done[1]["other"]) == (3, 3, 0, 0), done
     assert all(done[r]["results"] == [None, r, pytest.approx(1.2)] for r in (0, 1)), done  # all_reduce: 0.1 + 1.1
     waited = {(e["rank"], e["kind"]): e["seconds"] for e in events(res, "waited")}
     assert all(waited[0, kind] > 0.5 for kind in ("barrier", "one_rank_first", "all_reduce")), waited

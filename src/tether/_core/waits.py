@@ -357,7 +357,7 @@ def _wait_polled(ctx: Context, work: Any, group: Group, seq: int, signature: str
     if work.is_completed():
         ctx.watchdog.check()
         return
-    woken = threading.Event()  # set by the watchdog only: a failure, or a signal to handle
+    woken = threading.Event()  # set by the watchdog only, on a failure (a signal's handler runs in the wait)
     _wait_event(ctx, woken, group, seq, signature, timeout, poll=work.is_completed)
 
 
@@ -420,7 +420,7 @@ def _wait_event(
                 ctx.watchdog.check()
                 if poll is None or poll():
                     return
-                done.clear()  # a signal woke the wait (its handler ran): go on polling
+                done.clear()  # not done yet: go on polling
             elif poll is not None and poll():
                 ctx.watchdog.check()
                 return

@@ -88,9 +88,11 @@ log = logging.getLogger("tether")
 
 RULE = "=" * 72
 ABORT = "abort"  # written to the key of a store wait to wake the main thread
-# written there instead for a signal whose handler may return (the user's): the wait
-# clears it and goes on (``waits.wait_key``); "abort" would end every member's wait
+# written there instead for a stop whose handler may return (the user's): the waiters
+# poll past it until the last member writes "ok" over it (``waits.wait_key``); "abort"
+# would end every member's wait
 SIGNALLED = "signalled"
+_STOPS = (signal.SIGINT, signal.SIGTERM)  # the signals a store wait is woken for
 EXPIRED = "expired"  # written by the keeper when a store wait reaches its timeout
 PERIOD = 0.2  # a polled channel's period, and the listener's pause after an error
 JUDGE_PERIOD = 0.5  # the keeper's period while it judges the host's other ranks
@@ -402,8 +404,10 @@ class Watchdog:
                     return
                 with self._lock:
                     wait = self._wait  # the wait now: it may have begun while this thread slept
-                signals = [s for s in os.read(self._sig_r, 64) if s] if readable else []
-                if signals:
+                # SIGINT/SIGTERM only: another signal's handler (a profiler's SIGPROF, an
+                # alarm) runs when the wait ends, as after any blocking call
+                stops = [s for s in os.read(self._sig_r, 64) if s in _STOPS] if readable else []
+                if stops:
                     # a signal: let the main thread's handler run. A launcher's SIGTERM may
                     # follow a peer that left before this wait's sync (it exited non-zero
                     # after its clean leave: ``sys.exit(2)``): its story is told first
@@ -412,7 +416,7 @@ class Watchdog:
                             wait.check(client)
                     # only a store wait needs a wake: a wait on an event (a lock) runs the
                     # handler itself, and goes on when it returns
-                    ends = any(ends_a_wait(s) for s in signals)
+                    ends = any(ends_a_wait(s) for s in stops)
                     self._wake(wait, ABORT if ends else SIGNALLED, client, event=False)
                 now = self._clock()
                 if wait.deadline is not None and now >= wait.deadline:
