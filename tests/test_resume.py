@@ -139,6 +139,29 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
     assert again.leftovers == []
 
 
+@pytest.mark.timeout(2 * BOUND + 60)
+def test_a_preemption_inside_optimizer_step_comes_after_it_and_the_whole_step_is_saved(
+    reference: Path, tmp_path: Path
+) -> None:
+    # every rank SIGTERMed inside optimizer.step() of step 6: each replica was half
+    # updated, no rank could vouch for one ("saved no emergency checkpoint: ... in the
+    # middle of optimizer.step()"), and the restart trained from step 0 (f5b5174)
+    res = torchrun(tmp_path, "--stop-in-optimizer", "5")
+    out = res.output
+    assert res.returncode == 0, out[-4000:]
+    assert "saved no emergency checkpoint" not in out, out[-4000:]
+    assert re.findall(r"^tether: rank (\d) saved an emergency checkpoint of step (\d+) to ", out, re.M) == [
+        ("0", "6")
+    ], out[-4000:]
+    assert out.count("resumed from the emergency checkpoint of step 6") == 1, out[-4000:]
+    # step 6 was trained (its update is in the checkpoint), and its log line cut by the stop
+    got, ref = trained(tmp_path), trained(reference)
+    assert got == {k: v for k, v in ref.items() if v[0] != 6}, sorted(set(ref) - set(got))
+    ref_w, got_w = weights(reference), weights(tmp_path)
+    assert all(torch.equal(ref_w[name], got_w[name]) for name in ref_w)
+    assert res.leftovers == []
+
+
 LATE = {  # how the failure's notice overtakes a survivor's all-reduce: flags -> the job's lines
     "result": (["--late-allreduce"], ["an all-reduce handed back late"]),
     "registration": (["--late-register"], ["an all-reduce registered late"]),

@@ -116,7 +116,7 @@ from . import _ckpt_parts as _parts
 from . import _ckpt_tensors as _tensors
 from . import _randomness, _sharded, collectives, syncs
 from ._core.channel import Channel
-from ._core.hooks import Hooks, Terminated, holding
+from ._core.hooks import Deferred, Hooks, Terminated, holding
 from ._core.runtime import current
 from ._core.verdicts import failure_behind_raw, failure_behind_stop
 from .errors import PeerFailure, SyncMismatch, SyncTimeout, TetherError
@@ -198,6 +198,8 @@ class Checkpointer:
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
         self._trained = False  # a step completed in this process
+        self._in_step = False  # inside ``step``'s block
+        self._deferred = Deferred()  # SIGINT/SIGTERM put off while the optimizers step (in ``step``)
         self._ended = False  # a failure ended training here: its emergency save was decided
         self._writer: threading.Thread | None = None
         self._released = threading.Event()  # the writer is done reading what the optimizers change
@@ -272,7 +274,12 @@ class Checkpointer:
         done = self.position.step + 1
         saving = self.every is not None and done % self.every == 0
         try:
-            yield
+            self._in_step = True
+            try:
+                yield
+            finally:
+                self._in_step = False
+                self._deferred.end()  # a stop put off while the optimizers stepped comes now
             # every rank's random states, at this point, and whether it can write a part
             offers = collectives.all_gather((_randomness.state(), self._can_split(), os.getpid())) if saving else []
         except _PEER_FAILURES as exc:
@@ -347,10 +354,15 @@ class Checkpointer:
             self._hurry.set()
             self._released.wait()  # the copy of what is left: milliseconds
         self._in_optimizer_step = True
+        if self._in_step:
+            # a preemption's SIGTERM (or Ctrl-C) in the middle of the update would leave this
+            # replica unsaveable: it comes once the step is whole (``_after_optimizer_step``)
+            self._deferred.start()
 
     def _after_optimizer_step(self, *_: Any) -> None:
         self._in_optimizer_step = False
         self._stepped = True
+        self._deferred.end()
 
     def _emergency(self, exc: BaseException, epoch: int | None, iteration: int | None) -> None:
         ctx = current()

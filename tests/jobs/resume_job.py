@@ -20,6 +20,8 @@ SIGTERM, 0.1 s after rank R exited, lands first).
 
 ``--fail-between K`` (first attempt only): rank R raises after step K, outside any step,
 while the others wait for it in a barrier there, as in an evaluation between steps.
+``--stop-in-optimizer K``: every rank SIGTERMs itself inside ``optimizer.step()`` of
+step K+1, after the Checkpointer's pre-hook, where a preemption may land.
 ``--stop-at K``: after step K, rank 0 SIGTERMs the launcher (torchrun's agent, or
 ``tether.spawn``'s), which stops every rank with SIGTERM, as a scheduler's preemption; the
 ranks wait for it between steps. The job is then run again by hand, as a scheduler would.
@@ -66,6 +68,12 @@ parser.add_argument(
     type=int,
     default=-1,
     help="after step K rank 0 SIGTERMs the launcher, as a scheduler's preemption; every rank waits between steps",
+)
+parser.add_argument(
+    "--stop-in-optimizer",
+    type=int,
+    default=-1,
+    help="every rank SIGTERMs itself inside optimizer.step() of step K+1, as a preemption can land (attempt 0)",
 )
 parser.add_argument(
     "--settle-before-fail",
@@ -209,6 +217,13 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(args.out, "ckpt"), every=args.every)
+    if attempt == 0 and args.stop_in_optimizer >= 0:
+
+        def stop_in_optimizer(*_: Any) -> None:  # runs after the Checkpointer's own pre-hook
+            if ckpt.position.step == args.stop_in_optimizer:
+                signal.raise_signal(signal.SIGTERM)
+
+        opt.register_step_pre_hook(stop_in_optimizer)
     start = ckpt.resume()
     with open(Path(args.out, f"trained.{rank}"), "a") as log:
         for epoch in range(start.epoch, 2):
