@@ -103,6 +103,24 @@ def test_sys_exit_3_on_one_worker_is_a_failure_posted_with_its_code() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_sys_exit_3_in_a_function_parallel_runs_under_torchrun_exits_3() -> None:
+    # the rank ended through Python's teardown (~0.3 s here) while its peer, a victim,
+    # ended at once: torchrun SIGTERMed it first, and its Root Cause entry read
+    # "exitcode: -15" (69383fc): now it ends as an uncaught exception ends a rank
+    from _harness import torchrun
+
+    res = torchrun("lifecycle_root.py", "torchrun-exit", "3", nproc=2, bound=90.0)
+    assert res.returncode == 1, tail(res)
+    root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)\n\s+exitcode\s+: 3 ", root), root
+    assert "SystemExit: 3" in root, root
+    raised = {e["rank"]: e for e in events(res, "raised")}
+    assert (raised[0]["exc"], raised[0]["failing"], raised[0]["orig_type"]) == ("PeerFailure", 1, "SystemExit")
+    assert "[rank 1] failed: SystemExit: 3 (its traceback is in torchrun's Root Cause report)" in res.stderr
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("kind", "exc_type"),
     [("badstr", "BadStr"), ("badrepr", "BadRepr"), ("huge", "ValueError")],

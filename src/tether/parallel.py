@@ -18,6 +18,7 @@ from . import _checks
 from ._core import context
 from ._core.ending import finalize
 from ._core.failures import report_failure
+from ._core.hooks import is_success
 from ._core.runtime import current, initialize
 from .backends import check_backend
 from .spawn import spawn
@@ -105,6 +106,9 @@ class Parallel:
             behind = report_failure(exc)
             if behind is not None:  # a launcher's SIGTERM because a peer failed: raise that failure
                 raise behind from exc
+            ctx = context.peek()
+            if type(exc) is SystemExit and not is_success(exc) and ctx is not None and ctx.hooks is not None:
+                ctx.hooks.end_uncaught(exc)  # under torchrun: ends the rank with its code, as a raise would
             raise
 
     def __enter__(self) -> Parallel:

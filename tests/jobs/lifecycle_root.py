@@ -8,6 +8,8 @@
     lifecycle_root.py exit CODE
         2 ranks, barrier and all_reduce, then CODE 0: both ranks call sys.exit(0);
         CODE n: rank 1 calls sys.exit(n), rank 0 waits in the next barrier.
+    torchrun ... lifecycle_root.py torchrun-exit CODE
+        The same under torchrun, the function run by ``tether.Parallel``.
     lifecycle_root.py weird {badstr,badrepr,huge}
         2 ranks; after a barrier rank 1 raises an exception whose ``__str__`` raises, whose
         ``__repr__`` raises, or whose message is 1 MiB long; rank 0 waits in the next barrier.
@@ -115,6 +117,10 @@ def main() -> None:
             sys.stderr.flush()
     elif scenario == "exit":
         ok = launch(exits, (int(sys.argv[2]),), 2)
+    elif scenario == "torchrun-exit":
+        with tether.Parallel(backend="gloo") as parallel:
+            parallel.run(exits, int(sys.argv[2]))
+        ok = True
     else:
         ok = launch(weird, (sys.argv[2],), 2)
     sys.exit(0 if ok else 1)

@@ -387,6 +387,15 @@ class Hooks:
             atexit._run_exitfuncs()
         end_process(exit_code_for(shown))
 
+    def end_uncaught(self, exc: BaseException) -> None:
+        """End an owned process on ``exc`` now, as the excepthook ends it after an uncaught
+        exception (its failure told, the exit functions run, ``os._exit``): for a
+        ``SystemExit`` that reaches no hook, such as one out of ``Parallel.run``. Python's
+        own teardown after it lasted ~0.3 s, and torchrun SIGTERMed the rank meanwhile
+        once a faster victim had exited ("exitcode: -15"). Returns elsewhere."""
+        if self._owned and threading.current_thread() is threading.main_thread():
+            self._excepthook(type(exc), exc, exc.__traceback__)
+
     def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
             self._post(args.exc_value)
