@@ -91,11 +91,13 @@ def resumed_exactly(res: Result, reference: Path, out_dir: Path, survivor: int, 
         assert torch.equal(ref[name], got[name]), name
 
 
+@pytest.mark.full
 @pytest.mark.timeout(2 * BOUND + 60)
 def test_a_peer_failure_met_between_steps_still_saves_the_last_completed_step(reference: Path, tmp_path: Path) -> None:
     # rank 1 raises after step 6, outside any step, while rank 0 waits for it in a barrier
     # there (as in an evaluation): PeerFailure left no step, and no rank saved (be9d16f):
-    # the restart trained from step 0 again
+    # the restart trained from step 0 again. --full: the preemption tests below stop the
+    # ranks between steps too, through the same path (Checkpointer._at_failure)
     res = torchrun(tmp_path, "--fail-between", "6", "--fail-rank", "1")
     assert "[rank 0] stopped: PeerFailure: rank 1 failed: RuntimeError: injected failure after step 6" in res.output
     resumed_exactly(res, reference, tmp_path, survivor=0, step=6)
