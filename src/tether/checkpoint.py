@@ -116,6 +116,7 @@ from . import _ckpt_parts as _parts
 from . import _ckpt_tensors as _tensors
 from . import _randomness, _sharded, collectives, syncs
 from ._core.channel import Channel
+from ._core.failures import report_failure
 from ._core.hooks import Deferred, Hooks, Terminated, holding
 from ._core.runtime import current
 from ._core.verdicts import failure_behind_raw, failure_behind_stop
@@ -292,6 +293,11 @@ class Checkpointer:
             # failure behind it, the job itself is being stopped (a preemption: the
             # scheduler's SIGTERM to every rank), and this replica is as consistent
             behind = failure_behind_stop(current())
+            if not isinstance(behind, _PEER_FAILURES):
+                # its own stop: posted first, so that no peer waits for this rank while it
+                # saves (a peer then offers too, and the lowest consistent rank saves)
+                self._ended = True  # the post's Context.on_failure must not save it as between steps
+                report_failure(stop)
             self._stopped(behind if isinstance(behind, _PEER_FAILURES) else stop, epoch, iteration)
             raise
         except RuntimeError as exc:
