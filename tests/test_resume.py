@@ -142,6 +142,20 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
+def test_a_rank_sigtermed_alone_posts_its_stop_before_the_save_so_the_lowest_survivor_saves(
+    reference: Path, tmp_path: Path
+) -> None:
+    # rank 1 SIGTERMed in step 4 (not the job: one rank) offered the emergency save before
+    # it posted its stop, so rank 0, waiting for it in the step's all-reduce, knew nothing
+    # within the claim window: rank 1 saved, and its peers waited through the save (fc90540)
+    res = torchrun(tmp_path, "--term-step", "4", "--fail-rank", "1")
+    assert "[rank 0] stopped: PeerFailure: rank 1 failed: Terminated: stopped by SIGTERM" in res.output, res.output[
+        -4000:
+    ]
+    resumed_exactly(res, reference, tmp_path, survivor=0, step=4)
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
 def test_a_preemption_inside_optimizer_step_comes_after_it_and_the_whole_step_is_saved(
     reference: Path, tmp_path: Path
 ) -> None:

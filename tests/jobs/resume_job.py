@@ -20,6 +20,8 @@ SIGTERM, 0.1 s after rank R exited, lands first).
 
 ``--fail-between K`` (first attempt only): rank R raises after step K, outside any step,
 while the others wait for it in a barrier there, as in an evaluation between steps.
+``--term-step K``: rank R SIGTERMs itself at step K, before its forward (one rank
+stopped, not the job).
 ``--stop-in-optimizer K``: every rank SIGTERMs itself inside ``optimizer.step()`` of
 step K+1, after the Checkpointer's pre-hook, where a preemption may land.
 ``--stop-at K``: after step K, rank 0 SIGTERMs the launcher (torchrun's agent, or
@@ -74,6 +76,12 @@ parser.add_argument(
     type=int,
     default=-1,
     help="every rank SIGTERMs itself inside optimizer.step() of step K+1, as a preemption can land (attempt 0)",
+)
+parser.add_argument(
+    "--term-step",
+    type=int,
+    default=-1,
+    help="rank R SIGTERMs itself at step K, before its forward (attempt 0): one rank stopped, not the job",
 )
 parser.add_argument(
     "--settle-before-fail",
@@ -238,6 +246,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                             # on its way, and a peer's failure abandons a save with a part missing
                             ckpt.wait()
                         raise RuntimeError(f"injected failure at step {args.fail_step} on rank {rank}")
+                    if attempt == 0 and ckpt.position.step == args.term_step and rank == args.fail_rank:
+                        signal.raise_signal(signal.SIGTERM)  # an operator's kill, a pod's eviction
                     if attempt == 0 and ckpt.position.step == args.sleep_at and rank == 0:
                         time.sleep(1.0)  # in the user's code, not a tether call, when a launcher's SIGTERM comes
                     loss = (model(xb) - yb).pow(2).mean()
