@@ -10,6 +10,8 @@ process of the job by scanning /proc for the tag.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import os
 import signal
 import subprocess
@@ -18,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -149,8 +152,16 @@ def torchrun(
 
 
 def free_port() -> int:
-    import socket
+    """A port for a test's server to listen on: the jobs' own choice
+    (``jobs/lifecycle_common.free_port``: below the kernel's ephemeral range)."""
+    return int(_jobs_common().free_port())
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+@functools.cache
+def _jobs_common() -> Any:
+    """``tests/jobs/lifecycle_common.py``, which job scripts import by name (it imports no torch)."""
+    spec = importlib.util.spec_from_file_location("lifecycle_common", JOBS / "lifecycle_common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

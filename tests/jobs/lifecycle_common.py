@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -116,7 +117,28 @@ def launcher_failed(exc: BaseException, **extra: Any) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port for a test's server to listen on, below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` comes from the range it also takes the
+    source ports of outgoing connections from (``ip_local_port_range``: 32768-60999
+    here): free when asked, it was taken before the job's store bound it, by a
+    connection of the test running beside it (EADDRINUSE, seen in a full run). One
+    drawn at random below that range, and bound once to check it is free, is not.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    for _ in range(100):
+        port = random.randrange(20000, max(ephemeral, 20001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:  # the range below is all taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

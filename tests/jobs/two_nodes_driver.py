@@ -16,24 +16,19 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from lifecycle_common import free_port
+
 JOB = Path(__file__).resolve().parent / "two_nodes_job.py"
 
 
 def emit(**data: object) -> None:
     os.write(1, f"EVENT {json.dumps(data, sort_keys=True)}\n".encode())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_command(launcher: str, node: int, port: int, case: str, out: str) -> list[str]:
