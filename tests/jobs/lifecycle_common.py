@@ -116,6 +116,9 @@ def launcher_failed(exc: BaseException, **extra: Any) -> None:
     emit("launcher", **data)
 
 
+_DRAW = random.SystemRandom()  # not the random module's state, which a test or job may seed
+
+
 def free_port() -> int:
     """A port for a test's server to listen on, below the kernel's ephemeral range.
 
@@ -131,7 +134,7 @@ def free_port() -> int:
     except (OSError, ValueError, IndexError):
         ephemeral = 32768
     for _ in range(100):
-        port = random.randrange(20000, max(ephemeral, 20001))
+        port = _DRAW.randrange(20000, max(ephemeral, 20001))
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
