@@ -216,8 +216,7 @@ class _Supervisor:
         if self.interrupted:
             # Ctrl-C is the user's act, not a rank's failure: one line, then Python's own
             # KeyboardInterrupt (an uncaught one exits with 130)
-            codes = ", ".join(f"rank {self.first_rank + k}: {describe_exit(c)}" for k, c in sorted(self.codes.items()))
-            sys.stderr.write(f"tether: job interrupted (SIGINT); every rank stopped ({codes})\n")
+            sys.stderr.write(f"tether: job interrupted (SIGINT); every rank stopped ({self._codes()})\n")
             sys.stderr.flush()
             raise KeyboardInterrupt
         try:
@@ -227,6 +226,10 @@ class _Supervisor:
                 self._fail()
         finally:
             self._leave()
+
+    def _codes(self) -> str:
+        """How each rank ended: ``rank 0: exited with code 3, rank 1: killed by SIGKILL``."""
+        return ", ".join(f"rank {self.first_rank + k}: {describe_exit(c)}" for k, c in sorted(self.codes.items()))
 
     def _stopped(self) -> None:
         """The launcher was told to stop (SIGTERM: a scheduler's cancel or preemption), and
@@ -246,8 +249,7 @@ class _Supervisor:
             with contextlib.suppress(JobFailed):
                 self._fail()
         else:
-            codes = ", ".join(f"rank {self.first_rank + k}: {describe_exit(c)}" for k, c in sorted(self.codes.items()))
-            lines = [f"tether: job stopped (SIGTERM); every rank stopped ({codes})", *self._emergency_note()]
+            lines = [f"tether: job stopped (SIGTERM); every rank stopped ({self._codes()})", *self._emergency_note()]
             sys.stderr.write("\n".join(lines) + "\n")
             sys.stderr.flush()
         raise Terminated(128 + signal.SIGTERM)

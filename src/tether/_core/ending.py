@@ -49,11 +49,8 @@ def retire(ctx: Context, *, leave: bool = False) -> None:
         context.uninstall()
     if ctx.channel is None or ctx.watchdog is None:
         return
-    # a store whose host announced its retirement (it destroyed first) may be gone: a torch
-    # client that writes to it logs a warning with a C++ stack, and nobody would read the mark
-    with contextlib.suppress(Exception):
-        if leave and not ctx.left and not ctx.failed and not ctx.watchdog.store_going:
-            ctx.channel.leave(ctx.leaving, ctx.seqs)
+    if leave:
+        _record_leave(ctx)
     ctx.watchdog.stop(announce=ctx.hosts_store)  # only the store's host takes the store away
     if ctx.hooks is not None:
         ctx.hooks.uninstall(keep_exit=ctx.failed)
@@ -146,8 +143,18 @@ def _main_thread_ended(pid: int) -> None:
     if ctx.hooks is not None:
         ctx.hooks.main_thread_ended()
     ctx.leaving = f"ended its main thread without finalize() (its process waits for thread(s) {', '.join(running)})"
-    with contextlib.suppress(Exception):  # the store may be gone: nobody is left to wait then
-        if not ctx.watchdog.store_going:
+    _record_leave(ctx)
+
+
+def _record_leave(ctx: Context) -> None:
+    """Record this rank's clean exit (``ctx.leaving``), once, unless it failed.
+
+    A store whose host announced its retirement (it destroyed first) may be gone: a torch
+    client that writes to it logs a warning with a C++ stack, and nobody would read the mark.
+    """
+    assert ctx.channel is not None and ctx.watchdog is not None
+    with contextlib.suppress(Exception):
+        if not ctx.left and not ctx.failed and not ctx.watchdog.store_going:
             ctx.channel.leave(ctx.leaving, ctx.seqs)
             ctx.left = True
 

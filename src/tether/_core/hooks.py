@@ -100,55 +100,55 @@ class Terminated(SystemExit):
 
 @contextlib.contextmanager
 def holding(signals: list[signal.Signals]) -> Iterator[list[int]]:
-    """Hold ``signals`` in this block: their handlers only note them; yields those that came.
-
-    Blocking a signal in the main thread is not enough: the kernel hands it to another
-    thread, and Python runs the handler in the main thread anyway, inside the block. So
-    each handler is swapped for one that notes the signal, and put back after. Only the
-    main thread can swap handlers: elsewhere nothing is held.
-    """
-    came: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield came
-        return
-    previous = {sig: signal.signal(sig, lambda signum, frame: came.append(signum)) for sig in signals}
+    """Hold ``signals`` in this block: their handlers only note them; yields those that came
+    (they are not raised again: see ``Deferred``, whose swap this is)."""
+    held = Deferred(signals)
+    held.start()
+    came = held.came
     try:
         yield came
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        held.end(raise_again=False)
 
 
 class Deferred:
-    """SIGINT and SIGTERM put off across a span the main thread must not be stopped in (an
-    optimizer's step: a stop in its middle leaves a replica that is neither the last
-    step's nor this one's), then raised again as it ends. Like ``holding``, it swaps the
-    handlers (blocking would not keep Python from running them in the main thread); a
-    handler not set from Python (``getsignal`` is None) is left alone. A start and its end
-    cost 12.2 us: four handler swaps (``benchmarks/signal_defer.py``)."""
+    """``signals`` (SIGINT and SIGTERM) put off across a span the main thread must not be
+    stopped in (an optimizer's step: a stop in its middle leaves a replica that is neither
+    the last step's nor this one's), then raised again as it ends. Blocking a signal in
+    the main thread is not enough: the kernel hands it to another thread, and Python runs
+    the handler in the main thread anyway. So each handler is swapped for one that notes
+    the signal, and put back after. Only the main thread can swap handlers: elsewhere
+    nothing is put off; a handler not set from Python (``getsignal`` is None) is left
+    alone. A start and its end cost 12.2 us: four handler swaps
+    (``benchmarks/signal_defer.py``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, signals: list[signal.Signals] | None = None) -> None:
+        self._signals = [signal.SIGINT, signal.SIGTERM] if signals is None else signals
         self._previous: dict[signal.Signals, Any] = {}
-        self._came: list[int] = []
+        self.came: list[int] = []  # the signals noted since ``start``
 
     def start(self) -> None:
         if self._previous or threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in self._signals:
             if signal.getsignal(sig) is not None:
                 self._previous[sig] = signal.signal(sig, self._note)
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        self._came.append(signum)
+        self.came.append(signum)
 
-    def end(self) -> None:
-        """Put the handlers back; a signal that came meanwhile is raised now, once."""
+    def end(self, raise_again: bool = True) -> list[int]:
+        """Put the handlers back; a signal that came meanwhile is raised now, once (unless
+        not ``raise_again``). Returns those that came."""
+        if not self._previous and not self.came:
+            return []
         previous, self._previous = self._previous, {}
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        came, self._came = self._came, []
-        for signum in dict.fromkeys(came):
+        came, self.came = self.came, []
+        for signum in dict.fromkeys(came) if raise_again else ():
             signal.raise_signal(signum)
+        return came
 
 
 def ends_a_wait(signum: int) -> bool:

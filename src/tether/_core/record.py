@@ -81,7 +81,7 @@ class FailureRecord:
         empty message, as Python prints it). A message of many lines (a DataLoader worker's
         error carries the worker's traceback) is whole in ``message`` and at the end of
         ``traceback``; the report and ``str()`` of a survivor's error show this line."""
-        return f"{self.exc_type}: {_first(self.message)}" if self.message.strip() else self.exc_type
+        return _named(self.exc_type, self.message)
 
 
 # Frames a user did not write: left out of a record's traceback, with a note saying how many.
@@ -191,12 +191,13 @@ def _render(render: Any, what: str) -> str:
 
 def first_line(exc: BaseException) -> str:
     """``ExcType: the message's first line``, or ``ExcType`` alone, whatever ``__str__`` does."""
-    text = _render(lambda: exc, "message")
-    return f"{type(exc).__name__}: {_first(text)}" if text.strip() else type(exc).__name__
+    return _named(type(exc).__name__, _render(lambda: exc, "message"))
 
 
-def _first(text: str) -> str:
-    return next(line for line in text.splitlines() if line.strip())
+def _named(exc_type: str, message: str) -> str:
+    """``ExcType: the message's first non-blank line``, or ``ExcType`` for a blank message."""
+    first = next((line for line in message.splitlines() if line.strip()), "")
+    return f"{exc_type}: {first}" if first else exc_type
 
 
 def record_from_exception(rank: int, exc: BaseException, where: str) -> FailureRecord:
