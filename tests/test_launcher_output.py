@@ -9,7 +9,8 @@ nothing left. One test (``jobs/output_host_gone.py``) checks that a rank whose s
 has gone ends without a word to the closed store; one (``jobs/output_killed.py``) that the
 survivors of a rank killed mid-collective end at once, without a warning; one
 (``jobs/output_stop_in_finalize.py``) that a launcher's stop in ``finalize()`` after a
-failure ends the rank with the failure's code.
+failure ends the rank with the failure's code; one (``jobs/output_stop_in_start.py``)
+that a rank still in ``initialize`` when its peer fails ends as any victim does.
 """
 
 from __future__ import annotations
@@ -183,6 +184,24 @@ def test_a_stop_that_lands_in_finalize_after_a_failure_ends_the_rank_with_the_fa
     said = [line for line in res.stderr.splitlines() if line.startswith("[rank 0] stopped: ")]
     assert len(said) == 1 and said[0].startswith("[rank 0] stopped: PeerFailure: rank 1 failed: " + ROOT), res.stderr
     assert "teardown may abort" not in res.stderr, res.stderr[-3000:]
+    assert res.leftovers == []
+
+
+@pytest.mark.parametrize("where", ["stopped", "raised"])
+def test_a_rank_still_in_initialize_when_its_peer_fails_ends_with_the_peers_failure(where: str) -> None:
+    env = {"OMP_NUM_THREADS": "1", "STOP_AT": where}
+    start = time.monotonic()
+    res = torchrun("output_stop_in_start.py", nproc=2, bound=BOUND, env=env)
+    assert time.monotonic() - start < BOUND
+    assert res.returncode == 1, res.output[-3000:]  # torchrun's code for a failed job
+    failures = torchrun_failures(res.stderr)
+    assert failures[1][0] == 1 and ROOT in failures[1][1], res.stderr  # the root cause, rank 1
+    # rank 0: the peer's failure, with its code (before: -15 without a word when torchrun's
+    # SIGTERM came first, else Python's traceback of the PeerFailure and exit code 1)
+    assert failures[0][0] == int(ExitCode.PEER_FAILED), res.stderr
+    said = [line for line in res.stderr.splitlines() if line.startswith("[rank 0] ")]
+    assert len(said) == 1 and said[0].startswith("[rank 0] stopped: PeerFailure: rank 1 failed: " + ROOT), res.stderr
+    assert "tether.PeerFailure" not in res.stderr, res.stderr[-3000:]  # no traceback of it
     assert res.leftovers == []
 
 

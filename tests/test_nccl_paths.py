@@ -9,10 +9,12 @@ the real thing where a GPU is at hand.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from _core import lc_events
-from _harness import python
+from _harness import python, torchrun
 from tether import _checks
 from tether._core.nccl import ABORT_BUDGET
 from tether._devices import choose_device, device_identity, duplicate_devices, visible_devices
@@ -193,4 +195,19 @@ def test_a_peer_lost_while_the_group_is_created_ends_the_wait_within_grace() -> 
     assert ended["after_kill"] < 12.0, ended  # lost within ~0.5 s (the host's judge) + grace 2 s
     assert "rank 1 failed: Lost" in res.stderr, res.stderr[-3000:]
     assert "init_process_group(gloo) (outside tether)" in res.stderr, res.stderr[-3000:]
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(BOUND + 30)
+@pytest.mark.parametrize("how", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.full)])
+def test_a_stop_while_the_group_waits_for_a_straggler_ends_the_rank_at_once(how: str) -> None:
+    res = torchrun("setup_stopped.py", how, nproc=2, bound=BOUND)
+    ended = time.time()
+    (sent,) = lc_events(res, "stop sent")
+    assert res.returncode is not None and res.returncode != 0, res.output[-3000:]
+    assert not lc_events(res, "initialized")
+    # tether's handler waits for the C++ wait's end, so the keeper ends the rank after 1 s
+    # (``Watchdog.stops_end_process``); before: a Ctrl-C there waited for torchrun's SIGKILL, 30 s
+    took = ended - sent["time"]
+    assert took < 10.0, (took, res.output[-3000:])
     assert res.leftovers == []

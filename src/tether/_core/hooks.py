@@ -237,15 +237,28 @@ class Hooks:
         self._said = False  # how this rank ends was told (``_say``)
 
     def install(self) -> None:
-        global _fork_watched
-        if not _fork_watched and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_drop_in_forked_child)
-            _fork_watched = True
-        _installed.append(self)
+        self.install_signals()
+        self.install_excepthooks()
+
+    def install_excepthooks(self) -> None:
+        """The excepthooks. Outermost: ``init_process_group`` wraps ``sys.excepthook`` in one
+        that buffers stderr until the previous hook returns, and in a process tether owns
+        its hook never returns: install them after the group is made."""
+        self._track()
         self._saved["excepthook"] = sys.excepthook
         self._saved["threading"] = threading.excepthook
         sys.excepthook = self._excepthook
         threading.excepthook = self._thread_excepthook
+
+    def install_signals(self) -> None:
+        """SIGTERM's and SIGINT's handlers (where they are the defaults), main thread only.
+
+        Installed before the group is made: a launcher's SIGTERM that came while a rank was
+        still in ``init_process_group`` (its peer failed just after its own) killed it by
+        the signal, without a word ("exitcode: -15"; seen in CI). A stop in a wait of C++
+        now runs when that wait ends, which the watchdog's ladder bounds, as in any raw call.
+        """
+        self._track()
         if threading.current_thread() is not threading.main_thread():
             return
         for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
@@ -257,6 +270,14 @@ class Hooks:
                 signal.set_wakeup_fd(old)
             else:
                 self._saved["wakeup"] = True
+
+    def _track(self) -> None:
+        global _fork_watched
+        if not _fork_watched and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_drop_in_forked_child)
+            _fork_watched = True
+        if self not in _installed:
+            _installed.append(self)
 
     def uninstall(self, keep_exit: bool = False) -> None:
         """Put the previous hooks back; with ``keep_exit`` (after a failure) keep the excepthook.

@@ -16,6 +16,7 @@ touch a later one. How a context ends (``retire``, a wrapped ``destroy_process_g
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -32,6 +33,7 @@ from .. import _slurm
 from .._checks import to_timedelta
 from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
+from ..errors import TetherError
 from . import context, nccl, rawcalls
 from .channel import Channel, clone, generation, has_queues
 from .context import Context
@@ -84,36 +86,60 @@ def start(
     setup = SETUP_TIMEOUT if timeout is None and calls is not None else timeout
     native = NativeBackend.prepare(backend, topology)
     ctx = _watch(native, chan_store, prefix, hosts_store, options, launch, error_file, True, keep_alive, pg=None)
+    assert ctx.hooks is not None
     # The group is made under the watchdog: NCCL's eager communicator set-up (``device_id``)
     # and gloo's rendezvous block in C++, where a peer that fails or never comes would
     # otherwise hold this rank until the store's timeout (5 minutes). Here this rank's
     # whereabouts say where it is, a stall is reported, a backend error gets the true
-    # story, and a peer's failure reaches the ladder, which ends the wait within ``grace``.
+    # story, a peer's failure reaches the ladder, which ends the wait within ``grace``, and
+    # a launcher's SIGTERM becomes the failure behind it (``Hooks.install_signals``).
+    ctx.hooks.install_signals()
     try:
         with nccl.error_handling(backend):
             rawcalls.run_outside(
                 f"init_process_group({backend}) {OUTSIDE}",
-                native.create_group,
+                _create_group,
+                ctx,
+                native,
                 PrefixStore(f"pg/{job_id}/{gen}", store),
                 setup,
             )
         if calls is not None and calls != setup:
             dist.distributed_c10d._set_pg_timeout(calls, dist.group.WORLD)
     except BaseException as exc:
-        # no group: post why (a peer still waiting in its creation learns it), stop watching
-        report_failure(exc)
-        context.uninstall()
-        assert ctx.watchdog is not None
-        ctx.watchdog.stop()  # without announcing a retirement: the peers' store may be going
+        _abandon(ctx, exc)
         raise
     ctx.pg = dist.group.WORLD
     if ctx.watchdog is not None and isinstance(ctx.watchdog.judge, HostJudge) and ctx.watchdog.store_watch is not None:
         ctx.watchdog.judge.learn()  # every rank registered before the group could be made: the store host's pid
-    # Only now: ``init_process_group`` wraps ``sys.excepthook`` in one that buffers stderr
-    # until the previous hook returns, and tether's ends the process: it must be outermost.
-    assert ctx.hooks is not None
-    ctx.hooks.install()
+    ctx.hooks.install_excepthooks()  # only now: they must be outermost (see there)
     return ctx
+
+
+def _create_group(ctx: Context, native: NativeBackend, store: Store, timeout: datetime.timedelta | None) -> None:
+    assert ctx.watchdog is not None and ctx.hooks is not None
+    ending = ctx.watchdog.stops_end_process() if ctx.hooks.owned else contextlib.nullcontext()
+    with ending:
+        native.create_group(store, timeout)
+
+
+def _abandon(ctx: Context, exc: BaseException) -> None:
+    """No group: post why (a peer still waiting in its creation learns it), stop watching.
+
+    ``exc`` then ends the rank as a failure anywhere else does: told in one line where it
+    is a peer's, with its code (the excepthooks go in for it), and a launcher's SIGTERM in
+    the retire or after it ends the rank with that code (as in ``finalize``). Before, a
+    victim's ``PeerFailure`` reached Python's own hook (a traceback, exit code 1), and a
+    SIGTERM meanwhile killed the rank without a word.
+    """
+    assert ctx.hooks is not None and ctx.watchdog is not None
+    behind = report_failure(exc)  # a stop while it posts ends the rank, with the failure's code
+    shown = behind if isinstance(behind, TetherError) else exc
+    ctx.hooks.install_excepthooks()
+    with ctx.hooks.ending_on_stop(shown):
+        context.uninstall()
+        ctx.watchdog.stop()  # without announcing a retirement: the peers' store may be going
+        ctx.hooks.uninstall(keep_exit=True)
 
 
 def _watch(

@@ -69,7 +69,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -98,6 +98,7 @@ PERIOD = 0.2  # a polled channel's period, and the listener's pause after an err
 JUDGE_PERIOD = 0.5  # the keeper's period while it judges the host's other ranks
 IDLE_PERIOD = 1.0  # ... and while it only waits for signals and its wait's deadlines
 STOP_JOIN = 1.0  # seconds ``stop`` waits for each thread
+UNHEEDED_STOP = 1.0  # seconds a stop may wait for the main thread in ``stops_end_process`` before it ends it
 
 # threads of watchdogs stopped without a failure that had not ended within STOP_JOIN
 _lingering: list[threading.Thread] = []
@@ -172,6 +173,8 @@ class Watchdog:
         self.store_closed = threading.Event()  # a thread's connection found the store gone
         self.failables = Failables()  # futures a failure fails (DDP's guard: tether/ddp.py)
         self._wait = _Wait()
+        self._stops_end = False  # see ``stops_end_process``
+        self._stop_due: tuple[float, int] | None = None  # (when, signal) the keeper ends an unheeded stop
         self._call = ("", 0.0)  # what the main thread is doing, for whereabouts, and since when
         self._main = threading.main_thread()
         self._sig_r, self.signal_fd = os.pipe()  # the write end goes to signal.set_wakeup_fd
@@ -246,6 +249,31 @@ class Watchdog:
     def end_wait(self) -> None:
         with self._lock:
             self._wait = _Wait()
+
+    @contextlib.contextmanager
+    def stops_end_process(self) -> Iterator[None]:
+        """In this block, a stop (SIGTERM, SIGINT) that tether's handler would take and that the
+        main thread has not taken within ``UNHEEDED_STOP`` ends the process from the keeper.
+
+        For the group's creation, in an owned process: a wait in C++ that no handler runs
+        in and no wake reaches, on peers that may never come (a straggler stopped before it
+        reached ``initialize``), until the store's timeout. A peer's failure behind the stop
+        (a launcher stops every rank once one ended) goes to the ladder, which tells it;
+        without one the process ends with ``128 + signal``, as the signal's default action
+        ended it before tether's handler was installed before the creation (``Hooks.install_signals``).
+        """
+        self._stops_end = True
+        try:
+            yield
+        finally:
+            self._stops_end = False
+            self._stop_due = None
+
+    def _end_unheeded_stop(self, signum: int, client: Store) -> None:
+        if self.failure is None:
+            self._on_fail(client)  # a peer's posted failure: delivered, the ladder ends the wait
+        if self.failure is None:
+            self._exit(128 + signum)
 
     def check(self) -> None:
         """Raise the known failure, if any (every tether call starts with this)."""
@@ -397,7 +425,8 @@ class Watchdog:
                 with self._lock:
                     wait = self._wait
                 now = self._clock()
-                marks = [m for m in (wait.deadline, wait.stall_at, wait.check_at) if m is not None]
+                stop_at = self._stop_due[0] if self._stop_due is not None else None
+                marks = [m for m in (wait.deadline, wait.stall_at, wait.check_at, stop_at) if m is not None]
                 timeout = max(0.0, min([self._period, *(m - now for m in marks)]))
                 readable, _, _ = select.select([self._sig_r], [], [], timeout)
                 if self._stop.is_set():
@@ -418,7 +447,14 @@ class Watchdog:
                     # handler itself, and goes on when it returns
                     ends = any(ends_a_wait(s) for s in stops)
                     self._wake(wait, ABORT if ends else SIGNALLED, client, event=False)
+                    if ends and self._stops_end and self._stop_due is None:
+                        self._stop_due = (self._clock() + UNHEEDED_STOP, stops[0])
                 now = self._clock()
+                due = self._stop_due
+                if due is not None and now >= due[0]:
+                    self._stop_due = None
+                    if self._stops_end:
+                        self._end_unheeded_stop(due[1], client)
                 if wait.deadline is not None and now >= wait.deadline:
                     self._wake(wait, EXPIRED, client)
                     with self._lock:
