@@ -255,8 +255,9 @@ class Hooks:
 
         Installed before the group is made: a launcher's SIGTERM that came while a rank was
         still in ``init_process_group`` (its peer failed just after its own) killed it by
-        the signal, without a word ("exitcode: -15"; seen in CI). A stop in a wait of C++
-        now runs when that wait ends, which the watchdog's ladder bounds, as in any raw call.
+        the signal, without a word ("exitcode: -15"; seen in CI). A handler runs only when a
+        wait of C++ ends: there the ladder ends the rank after a peer's failure, as in any
+        raw call, and the keeper a stop without one (``Watchdog.stops_end_process``).
         """
         self._track()
         if threading.current_thread() is not threading.main_thread():
