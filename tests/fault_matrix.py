@@ -174,7 +174,8 @@ def launcher_stop(launcher: str, nproc: int, striker: int, **kw: Any) -> Row:
     """F8: SIGTERM to the ``tether.spawn`` launcher (sent by rank ``striker``).
 
     The launcher forwards it to every rank: each rank stops with its own Terminated, or with
-    PeerFailure naming the rank whose Terminated was posted first.
+    PeerFailure naming the rank whose Terminated was posted first. The launcher says "job
+    stopped (SIGTERM)" with every rank's exit code, and exits 143 (no report, no restart).
     """
     root = (None, "Terminated", "stopped by SIGTERM")
     expect = ("Terminated", "PeerFailure")

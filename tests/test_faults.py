@@ -26,6 +26,7 @@ TEARDOWN_WARNING = "Python's teardown may abort"  # ending._at_exit's warning
 
 SPAWN_REPORT = "tether: job failed. Root cause: "
 EVERY_RANK = "tether: job failed. Every rank raised "
+STOPPED = "tether: job stopped (SIGTERM); every rank stopped "
 TORCHRUN_REPORT = "Root Cause (first observed failure):"
 
 
@@ -92,6 +93,13 @@ def check_root(row: Row, output: str) -> int | None:
         assert SPAWN_REPORT not in output and TORCHRUN_REPORT not in output
         return None
     rank, exc_type, fragment = row.root
+    if row.failure == "term_launcher":
+        # F8: the launcher was told to stop, and every rank has: one line, no report (8b64d4f)
+        stops = re.findall(rf"^{re.escape(STOPPED)}\((.*)\)$", output, re.M)
+        assert len(stops) == 1 and SPAWN_REPORT not in output and EVERY_RANK not in output, output[-3000:]
+        codes = dict(re.findall(r"rank (\d+): exited with code (\d+)", stops[0]))
+        assert sorted(codes) == [str(r) for r in range(row.nproc)], stops[0]
+        return None
     if rank is None and row.launcher == "spawn" and EVERY_RANK in output:
         # F8: each rank posted its own stop before any saw another's: the report names no
         # culprit, truthfully (``report.raised_everywhere``), and every rank raised it
@@ -114,7 +122,10 @@ def check_root(row: Row, output: str) -> int | None:
 def check_survivor(row: Row, res: dict, root: int | None) -> None:
     rank = res["rank"]
     assert res["type"] in row.expect, f"rank {rank} raised {res['type']}: {res['message']}; expected {row.expect}"
-    if res["type"] in ("PeerFailure", "PeerLost"):
+    if res["type"] == "PeerFailure" and row.failure == "term_launcher":
+        # the rank whose own stop was posted first: any of them
+        assert re.match(rf"rank \d+ failed: {row.root[1]}: {row.root[2]}", res["message"]), res["message"]
+    elif res["type"] in ("PeerFailure", "PeerLost"):
         expected = row.striker if row.root is None or row.root[0] is not None else root
         assert res["failing"] == expected, f"rank {rank}'s {res['type']} names rank {res['failing']}, not {expected}"
         assert res["message"].startswith(f"rank {expected} failed: "), res["message"]
@@ -143,6 +154,8 @@ def test_fault(row: Row) -> None:
     assert result.returncode != 0, f"the job reported success{tail}"
     if row.failure == "kill_host" and row.launcher == "spawn":
         assert result.returncode == -9, tail  # the launcher itself was killed
+    if row.failure == "term_launcher":
+        assert result.returncode == 143, tail  # the launcher stopped, as SIGTERM's default ends a process
 
     # 3. the root cause, printed once (first: survivors are checked against it)
     try:
