@@ -620,3 +620,21 @@ def test_sharded_state_resumes_from_dcp_checkpoints_bitwise_and_saves_no_emergen
     for name in want:
         assert torch.equal(want[name], got[name]), name
     assert ref.leftovers == res.leftovers == []
+
+
+@pytest.mark.full
+@pytest.mark.timeout(2 * BOUND + 60)
+def test_a_preempted_sharded_job_says_why_it_saved_no_emergency_checkpoint_and_resumes(tmp_path: Path) -> None:
+    res = _sharded(tmp_path, "--stop-step", "10")
+    err = res.stderr
+    assert res.returncode == 143, res.output[-4000:]  # the launcher stopped: no restart
+    assert err.count("tether: job stopped (SIGTERM); every rank stopped (") == 1, err[-4000:]
+    # before: "a failed rank's shard is gone with it", where no rank had failed
+    why = "'model' is sharded (FSDP), and its save would need every rank's shard at one step"
+    assert f"saved no emergency checkpoint: {why}" in err and "failed rank" not in err, err[-4000:]
+    assert not (tmp_path / "final.pt").exists()
+    again = _sharded(tmp_path)
+    assert again.returncode == 0, again.output[-4000:]
+    assert again.stderr.count("resumed from the periodic checkpoint of step 8") == 1, again.stderr[-4000:]
+    assert (tmp_path / "final.pt").exists()
+    assert res.leftovers == again.leftovers == []

@@ -85,7 +85,9 @@ parameters, FSDP's wrapper) is saved with ``torch.distributed.checkpoint``: at e
 periodic save each rank writes its shards (``dcp.save``, synchronous: a collective), rank 0
 adds ``state.pt`` (position, random states) and a manifest whose checksum covers every
 file, and ``resume`` loads every rank's shards with ``dcp.load`` (``tether/_sharded.py``).
-No emergency checkpoint exists for such state: the failed rank's shard is gone with it.
+No emergency checkpoint exists for such state: the failed rank's shard is gone with it,
+and on a stop (a preemption) the ranks would have to agree on one step to save; the job
+resumes from the last periodic save.
 
 Why not DCP for replicated state too: its save is a collective over the process group,
 and an emergency save runs when a peer of that group is gone. The periodic save takes
@@ -128,6 +130,11 @@ __all__ = ["Checkpointer", "Position"]
 
 # what a survivor of these may vouch for (its own exceptions are not a peer's failure)
 _PEER_FAILURES = (PeerFailure, SyncTimeout, SyncMismatch)
+
+
+def _a_stop(exc: BaseException) -> bool:
+    """Whether ``exc`` is the job's stop (a SIGTERM: this rank's, or a peer's posted first), no rank's failure."""
+    return isinstance(exc, Terminated) or (isinstance(exc, PeerFailure) and exc.record.exc_type == Terminated.__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,7 +382,10 @@ class Checkpointer:
         rank = ctx.backend.topology.rank
         why_not = None
         if self._sharded is not None:
-            why_not = f"{self._sharded!r} is sharded (FSDP), and a failed rank's shard is gone with it"
+            stop = "its save would need every rank's shard at one step: the last periodic save is the one to resume"
+            why_not = f"{self._sharded!r} is sharded (FSDP), and " + (
+                stop if _a_stop(exc) else "a failed rank's shard is gone with it"
+            )
         elif self._in_optimizer_step:
             why_not = (
                 "the failure came in the middle of optimizer.step(), so its replica is neither the last step's "

@@ -1,17 +1,20 @@
 """FSDP (``fully_shard``) training that a failure interrupts and ``tether.spawn`` restarts (issue 12).
 
-    python sharded_resume.py OUT [--fail-step K]
+    python sharded_resume.py OUT [--fail-step K | --stop-step K]
 
 2 ranks on gloo, 2 epochs of shuffled data (DistributedSampler, seed 0); every rank
 holds a shard of the model and the optimizer. ``tether.Checkpointer`` saves every 4 steps
 through DCP. In the first attempt only, rank 1 raises at step K: rank 0 writes no
 emergency checkpoint (the lost shard is rank 1's) and says so, and the restarted job
-resumes from the last periodic one. Rank 0 saves the full final weights to
-``OUT/final.pt``.
+resumes from the last periodic one. With ``--stop-step K`` rank 0 sends the launcher a
+SIGTERM at step K instead (a preemption): the job stops, no rank saves an emergency
+checkpoint and each says why, and the next run resumes from the last periodic one. Rank 0
+saves the full final weights to ``OUT/final.pt``.
 """
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 import torch
@@ -24,6 +27,7 @@ import tether
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--fail-step", type=int, default=-1)
+parser.add_argument("--stop-step", type=int, default=-1)
 
 
 def train(local_rank: int, args: argparse.Namespace) -> None:
@@ -49,6 +53,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
             with ckpt.step(epoch, i):
                 if attempt == 0 and ckpt.position.step == args.fail_step and rank == 1:
                     raise RuntimeError(f"rank 1 failed at step {args.fail_step}")
+                if ckpt.position.step == args.stop_step and rank == 0:
+                    os.kill(int(os.environ["SHARDED_LAUNCHER_PID"]), signal.SIGTERM)
                 loss = torch.nn.functional.mse_loss(model(xb), yb)
                 loss.backward()
                 opt.step()
@@ -60,4 +66,5 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     args = parser.parse_args()
+    os.environ["SHARDED_LAUNCHER_PID"] = str(os.getpid())  # the workers' parent is a forkserver
     tether.spawn("gloo", train, (args,), nproc_per_node=2, max_restarts=1 if args.fail_step >= 0 else 0)
