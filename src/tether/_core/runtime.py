@@ -117,6 +117,8 @@ def start(
 
 
 def _create_group(ctx: Context, native: NativeBackend, store: Store, timeout: datetime.timedelta | None) -> None:
+    """``native.create_group``; in a process tether owns, a stop its C++ wait keeps from the
+    main thread is ended by the keeper (``Watchdog.stops_end_process``)."""
     assert ctx.watchdog is not None and ctx.hooks is not None
     ending = ctx.watchdog.stops_end_process() if ctx.hooks.owned else contextlib.nullcontext()
     with ending:
