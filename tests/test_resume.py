@@ -111,14 +111,24 @@ def _resume_job(out: Path, launcher: str, *args: str) -> Result:
 
 
 @pytest.mark.timeout(3 * BOUND + 60)
-@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+@pytest.mark.parametrize(
+    ("launcher", "to"),
+    [
+        ("torchrun", "launcher"),
+        ("spawn", "launcher"),
+        pytest.param("torchrun", "group", marks=pytest.mark.full),
+        ("spawn", "group"),
+    ],
+)
 def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
-    reference: Path, tmp_path: Path, launcher: str
+    reference: Path, tmp_path: Path, launcher: str, to: str
 ) -> None:
     # a scheduler's stop (SIGTERM to the launcher, which SIGTERMs every rank) while the
     # ranks are between steps: no rank saved, and tether.spawn (max_restarts=1) started
-    # the job again, from step 0 (be9d16f). Both launchers are run with a restart to spare
-    stopped = _resume_job(tmp_path, launcher, "--stop-at", "7")
+    # the job again, from step 0 (be9d16f). Both launchers are run with a restart to spare.
+    # To the whole process group (scancel, timeout): under tether.spawn the forkserver died
+    # of it and took every worker with it, unsaved ("job failed ... exited with code 255")
+    stopped = _resume_job(tmp_path, launcher, "--stop-at", "7", *(["--stop-group"] if to == "group" else []))
     out = stopped.output
     assert stopped.returncode is not None and stopped.elapsed < 30, out[-4000:]  # the ranks sleep 60 s
     assert re.findall(r"^tether: rank (\d) saved an emergency checkpoint of step (\d+) to ", out, re.M) == [

@@ -181,3 +181,21 @@ def test_a_preemption_the_users_code_takes_gracefully_ends_the_job_as_it_would_h
     assert "tether: job stopped (SIGTERM); every rank finished" in res.stderr, tail(res)
     assert "starting every worker again" not in res.stderr, tail(res)
     assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signame", ["SIGINT", pytest.param("SIGTERM", marks=full)])
+def test_a_stop_to_the_process_group_while_spawns_workers_start_ends_the_job_with_one_line(signame: str) -> None:
+    res = python("spawn_stopped_early.py", signame, bound=BOUND)
+    assert res.returncode is not None and res.elapsed < 30, tail(res)
+    # before: the forkserver died of it (a Ctrl-C: a traceback of its import of torch) and
+    # the launcher's start of a worker raised "EOFError: unexpected EOF"
+    assert "Traceback" not in res.output and "EOFError" not in res.output, tail(res)
+    if signame == "SIGINT":
+        assert "LAUNCHER KeyboardInterrupt" in res.stdout, tail(res)
+        line = "tether: job interrupted (SIGINT); every rank stopped ("
+    else:
+        assert res.returncode == 143 and "LAUNCHER Terminated" in res.stdout, tail(res)
+        line = "tether: job stopped (SIGTERM); every rank stopped ("
+    assert res.stderr.count(line) == 1, tail(res)
+    assert res.leftovers == [], tail(res)

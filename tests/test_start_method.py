@@ -3,12 +3,14 @@ once (the default where the platform has one), or with "spawn" when asked.
 
 Either way a worker sees the launcher's environment of the moment it starts, also in a
 second job of the same launcher, where the forkserver started for the first one forks it.
+And a launcher's stop ends the workers alike, whatever the start method ("fork" too).
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 
 import pytest
 
@@ -44,4 +46,23 @@ def test_each_worker_sees_the_launchers_environment_of_its_job_and_torch_comes_p
         for job, value in enumerate(["first", "second"])
         for rank in (0, 1)
     ], res.output[-3000:]
+    assert res.leftovers == []
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param("forkserver", marks=no_forkserver),
+        pytest.param("spawn", marks=pytest.mark.full),
+        "fork",
+    ],
+)
+def test_a_stopped_launcher_stops_its_workers_alike_whatever_the_start_method(method: str) -> None:
+    res = python("spawn_stop.py", method, bound=BOUND)
+    assert res.returncode == 143 and res.elapsed < 30, res.output[-3000:]
+    stopped = re.findall(r"^tether: job stopped \(SIGTERM\); every rank stopped \((.*)\)$", res.stderr, re.M)
+    assert len(stopped) == 1, res.output[-3000:]
+    codes = dict(re.findall(r"rank (\d): exited with code (\d+)", stopped[0]))
+    assert set(codes) == {"0", "1"} and set(codes.values()) <= {"3", "143"}, stopped[0]  # the stop, or a peer's
+    assert "Traceback" not in res.output and "RecursionError" not in res.output, res.output[-3000:]
     assert res.leftovers == []

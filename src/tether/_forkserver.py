@@ -7,6 +7,10 @@ teardown, where torch's modules take about half a second to unload: the server h
 launcher's stdout and stderr, so a pipe from the launcher (``python train.py | tee log``)
 would end that much after the launcher did. Workers forked from the server inherit the
 exit function but are not the server: for them it does nothing.
+
+The server runs with SIGINT and SIGTERM blocked, as the launcher started it
+(``spawn._context``): it ends with the launcher, never of a stop sent to the whole
+process group. Each worker unblocks them first thing (``_spawn_worker.run_worker``).
 """
 
 from __future__ import annotations

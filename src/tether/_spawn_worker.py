@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from torch._C._distributed_c10d import TCPStore
@@ -55,6 +56,20 @@ class WorkerSpec:
     # torchrun rank's, would. A worker forked from the server had inherited "forkserver":
     # a rank tether ended, or a SIGKILL, then left a server and its workers running forever
     start_method: str | None = None
+
+
+class LaunchersHandler:
+    """The launcher's SIGINT/SIGTERM handler (``spawn._Supervisor``), which forwards the stop
+    to every worker. A worker forked from the launcher (start method "fork", a notebook's
+    default) inherited it: a SIGTERM there forwarded the stop again, from the worker, and
+    never raised, until a RecursionError ended the rank ("job failed. Root cause: rank 1
+    failed: RecursionError"). ``run_worker`` drops it."""
+
+    def __init__(self, forward: Callable[[int], None]) -> None:
+        self._forward = forward
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self._forward(signum)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -97,6 +112,12 @@ def run_worker(spec: WorkerSpec, fn: Callable[..., Any], args: tuple[Any, ...], 
     )
     code = 0
     try:
+        for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+            if isinstance(signal.getsignal(sig), LaunchersHandler):  # forked from the launcher
+                signal.signal(sig, default)
+        # blocked in tether's forkserver (``spawn._context``): a stop that came since the fork
+        # is delivered now (SIGTERM's default action, or a KeyboardInterrupt caught below)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         store = TCPStore(
             spec.master_addr,
             spec.master_port,

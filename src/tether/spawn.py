@@ -33,6 +33,7 @@ import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import signal
 import socket
@@ -51,7 +52,7 @@ from ._core.options import Options
 from ._core.record import KIND_EXIT, KIND_SIGNAL, FailureRecord, describe_exit
 from ._core.stores import job_store
 from ._env import Topology, file_path, parse_init_method
-from ._spawn_worker import JOB_ID, WorkerSpec, run_worker
+from ._spawn_worker import JOB_ID, LaunchersHandler, WorkerSpec, run_worker
 from .backends import check_backend
 from .errors import ExitCode, JobFailed
 from .report import RankOutcome, cause_line, end_quietly_if_uncaught, raised_everywhere, render_report
@@ -169,6 +170,20 @@ def _context(start_method: str) -> Any:
         preload = list(getattr(server, "_preload_modules", None) or [])
         if _PRELOAD not in preload and getattr(server, "_forkserver_pid", None) is None:
             mp.set_forkserver_preload([*preload, _PRELOAD])
+            # Started now, with SIGINT and SIGTERM blocked, which it keeps, and its workers
+            # until they unblock them (``run_worker``). A stop sent to the job's whole process
+            # group (SLURM's scancel, timeout(1), systemd's stop, a Ctrl-C) reached the server
+            # too: dead, it took every worker with it at once (``PR_SET_PDEATHSIG``), so no
+            # rank stopped cleanly or saved, and the launcher read each code as 255 ("job
+            # failed ... exited with code 255"). A stop that comes between a worker's fork
+            # and its handlers waits for them, instead of being lost to the server's.
+            # The resource tracker first: its start unblocks both (CPython's bpo-33613).
+            multiprocessing.resource_tracker.ensure_running()
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                multiprocessing.forkserver.ensure_running()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile is delivered now
     return mp
 
 
@@ -202,13 +217,13 @@ class _Supervisor:
         self.store_gone = False
         self.interrupted = False  # the launcher got SIGINT (Ctrl-C)
         self.terminated = False  # the launcher got SIGTERM (a scheduler's stop, a preemption)
+        self._sent: set[tuple[int, int]] = set()  # (pid, signal) forwarded (``_send``)
         self.extended = False  # the kill deadline was extended for an emergency checkpoint
 
     def run(self) -> None:
         saved = self._forward_signals()
         try:
-            for p in self.procs.values():
-                p.start()
+            self._start()
             self._supervise()
         finally:
             for sig, handler in saved.items():
@@ -227,9 +242,43 @@ class _Supervisor:
         finally:
             self._leave()
 
+    def _start(self) -> None:
+        """Start the workers; a stop (Ctrl-C, SIGTERM) meanwhile starts no more of them.
+
+        The first start waits for the forkserver, which imports torch (1-2 s): a Ctrl-C to
+        the terminal's process group there reached the server too, which died of it with
+        a traceback of its import, and this start raised ``EOFError("unexpected EOF")``
+        with another (SIGTERM to the group: the same ``EOFError``). The server now takes
+        no stop (``_forkserver.py``), and a start that one broke all the same (a server
+        not tether's) ends the starting. Workers started after the stop came get it now.
+        """
+        for proc in self.procs.values():
+            if self.interrupted or self.terminated:
+                break
+            try:
+                proc.start()
+            except (EOFError, OSError):
+                if not (self.interrupted or self.terminated):
+                    raise
+                break  # the server was stopped with this launcher
+        for signum, stopped in ((signal.SIGINT, self.interrupted), (signal.SIGTERM, self.terminated)):
+            if stopped:
+                self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        """Send ``signum`` to every started worker still running that has not had it yet."""
+        for proc in self.procs.values():
+            if proc.pid is not None and proc.exitcode is None and (proc.pid, signum) not in self._sent:
+                self._sent.add((proc.pid, signum))
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signum)
+
     def _codes(self) -> str:
         """How each rank ended: ``rank 0: exited with code 3, rank 1: killed by SIGKILL``."""
-        return ", ".join(f"rank {self.first_rank + k}: {describe_exit(c)}" for k, c in sorted(self.codes.items()))
+        return ", ".join(
+            f"rank {self.first_rank + k}: {describe_exit(self.codes[k]) if k in self.codes else 'not started'}"
+            for k in sorted(self.procs)
+        )
 
     def _stopped(self) -> None:
         """The launcher was told to stop (SIGTERM: a scheduler's cancel or preemption), and
@@ -239,13 +288,14 @@ class _Supervisor:
         is not. A rank's own failure that came first still gets its report; ranks that all
         finished (a handler of the user's took the SIGTERM as "stop after this step") end
         the job as it would have ended."""
-        if not any(self.codes.values()):
+        if len(self.codes) == len(self.procs) and not any(self.codes.values()):
             sys.stderr.write("tether: job stopped (SIGTERM); every rank finished\n")
             return
         records: list[FailureRecord] = []
         with contextlib.suppress(Exception):
             records = [] if self.store_gone else self.channel.records()
-        if records and records[0].exc_type != Terminated.__name__:
+        # the stop itself: a rank's Terminated, or a rank it ended before tether's handler was in
+        if records and records[0].exc_type not in (Terminated.__name__, signal.SIGTERM.name):
             with contextlib.suppress(JobFailed):
                 self._fail()
         else:
@@ -293,22 +343,22 @@ class _Supervisor:
         if threading.current_thread() is not threading.main_thread():
             return {}
 
-        def forward(signum: int, frame: object) -> None:
+        def forward(signum: int) -> None:
             self.interrupted = self.interrupted or signum == signal.SIGINT
             self.terminated = self.terminated or signum == signal.SIGTERM
-            for p in self.procs.values():
-                if p.pid is not None and p.exitcode is None:
-                    os.kill(p.pid, signum)
+            self._sent.clear()  # a second Ctrl-C goes to every rank too
+            self._send(signum)
             self._arm()
 
-        return {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        handler = LaunchersHandler(forward)
+        return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _arm(self) -> None:
         if self.deadline is None:
             self.deadline = time.monotonic() + self.kill_after
 
     def _supervise(self) -> None:
-        alive: dict[Any, int] = {p.sentinel: local for local, p in self.procs.items()}
+        alive: dict[Any, int] = {p.sentinel: local for local, p in self.procs.items() if p.pid is not None}
         self.judge.pids.update({self.first_rank + local: p.pid for local, p in self.procs.items() if p.pid})
         next_beat = time.monotonic()
         while alive:

@@ -27,6 +27,8 @@ step K+1, after the Checkpointer's pre-hook, where a preemption may land.
 ``--stop-at K``: after step K, rank 0 SIGTERMs the launcher (torchrun's agent, or
 ``tether.spawn``'s), which stops every rank with SIGTERM, as a scheduler's preemption; the
 ranks wait for it between steps. The job is then run again by hand, as a scheduler would.
+With ``--stop-group`` the SIGTERM goes to the launcher's whole process group instead (SLURM's
+``scancel``, ``timeout``, systemd's stop): every process of the job gets it at once.
 
 ``--late-register`` (first attempt only): on the other ranks, tether's guard registers
 that all-reduce's future with the watchdog only once the failure has reached the rank, as
@@ -71,6 +73,7 @@ parser.add_argument(
     default=-1,
     help="after step K rank 0 SIGTERMs the launcher, as a scheduler's preemption; every rank waits between steps",
 )
+parser.add_argument("--stop-group", action="store_true", help="--stop-at SIGTERMs the launcher's process group")
 parser.add_argument(
     "--stop-in-optimizer",
     type=int,
@@ -277,7 +280,10 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                     tether.barrier()  # every rank has logged step K (a SIGTERM in a step may cut its log)
                     if rank == 0:
                         launcher = int(os.environ.get("RESUME_JOB_LAUNCHER", os.getppid()))  # torchrun's agent
-                        os.kill(launcher, signal.SIGTERM)  # it stops every rank with SIGTERM
+                        if args.stop_group:
+                            os.killpg(os.getpgid(launcher), signal.SIGTERM)
+                        else:
+                            os.kill(launcher, signal.SIGTERM)  # it stops every rank with SIGTERM
                     time.sleep(60)  # between steps, where that SIGTERM finds every rank
     ckpt.wait()
     if rank == 0:
