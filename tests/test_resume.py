@@ -127,8 +127,10 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
     # ranks are between steps: no rank saved, and tether.spawn (max_restarts=1) started
     # the job again, from step 0 (be9d16f). Both launchers are run with a restart to spare.
     # To the whole process group (scancel, timeout): under tether.spawn the forkserver died
-    # of it and took every worker with it, unsaved ("job failed ... exited with code 255")
-    stopped = _resume_job(tmp_path, launcher, "--stop-at", "7", *(["--stop-group"] if to == "group" else []))
+    # of it and took every worker with it, unsaved ("job failed ... exited with code 255");
+    # and the DataLoader's workers die of it too, whose SIGCHLD error (torch's) cut the save
+    group = ["--stop-group", "--loader-workers", "2"] if to == "group" else []
+    stopped = _resume_job(tmp_path, launcher, "--stop-at", "7", *group)
     out = stopped.output
     assert stopped.returncode is not None and stopped.elapsed < 30, out[-4000:]  # the ranks sleep 60 s
     assert re.findall(r"^tether: rank (\d) saved an emergency checkpoint of step (\d+) to ", out, re.M) == [
@@ -149,6 +151,19 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
     ref, got = weights(reference), weights(tmp_path)
     assert all(torch.equal(ref[name], got[name]) for name in ref)
     assert again.leftovers == []
+
+
+@pytest.mark.timeout(BOUND + 60)
+def test_a_stop_to_the_process_group_saves_despite_the_dataloaders_dying_workers(tmp_path: Path) -> None:
+    res = run([sys.executable, str(JOBS / "dataloader_stop.py"), str(tmp_path)], BOUND, env={"OMP_NUM_THREADS": "1"})
+    err = res.stderr
+    assert res.returncode == 143 and res.elapsed < 60, res.output[-4000:]
+    assert err.count("tether: job stopped (SIGTERM); every rank stopped (") == 1, err[-4000:]
+    # before: torch's "DataLoader worker ... is killed by signal" cut the save short, or the query behind the stop
+    saved = re.findall(r"^tether: rank 0 saved an emergency checkpoint of step (\d+) to ", err, re.M)
+    assert len(saved) == 1 and int(saved[0]) >= 20, err[-4000:]
+    assert "failed after this rank's failure" not in err and "could not tell" not in err, err[-4000:]
+    assert res.leftovers == []
 
 
 @pytest.mark.timeout(2 * BOUND + 60)

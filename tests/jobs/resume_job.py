@@ -28,7 +28,8 @@ step K+1, after the Checkpointer's pre-hook, where a preemption may land.
 ``tether.spawn``'s), which stops every rank with SIGTERM, as a scheduler's preemption; the
 ranks wait for it between steps. The job is then run again by hand, as a scheduler would.
 With ``--stop-group`` the SIGTERM goes to the launcher's whole process group instead (SLURM's
-``scancel``, ``timeout``, systemd's stop): every process of the job gets it at once.
+``scancel``, ``timeout``, systemd's stop): every process of the job gets it at once, the
+DataLoader's workers too (``--loader-workers N``).
 
 ``--late-register`` (first attempt only): on the other ranks, tether's guard registers
 that all-reduce's future with the watchdog only once the failure has reached the rank, as
@@ -74,6 +75,7 @@ parser.add_argument(
     help="after step K rank 0 SIGTERMs the launcher, as a scheduler's preemption; every rank waits between steps",
 )
 parser.add_argument("--stop-group", action="store_true", help="--stop-at SIGTERMs the launcher's process group")
+parser.add_argument("--loader-workers", type=int, default=0, help="the DataLoader's num_workers")
 parser.add_argument(
     "--stop-in-optimizer",
     type=int,
@@ -220,7 +222,7 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     y = x @ torch.randn(8, 1, generator=gen) + 0.1
     data = TensorDataset(torch.arange(64), x, y)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    loader = DataLoader(data, batch_size=4, sampler=sampler, num_workers=args.loader_workers)
 
     torch.manual_seed(0)
     model = tether.auto_model(

@@ -111,6 +111,16 @@ def holding(signals: list[signal.Signals]) -> Iterator[list[int]]:
         held.end(raise_again=False)
 
 
+def child_deaths() -> list[signal.Signals]:
+    """SIGCHLD, where a Python handler takes it: a DataLoader's (torch's), which raises a
+    RuntimeError in the main thread when one of its workers dies. A stop sent to the job's
+    whole process group (``scancel``) ends those workers too, and that error cut short what
+    the rank does as it stops (the query behind the stop, the emergency save). Hold it
+    there (``holding``); the loader is not used again. A disposition of SIG_DFL or SIG_IGN
+    is left alone (SIG_IGN makes the kernel reap the children)."""
+    return [signal.SIGCHLD] if callable(signal.getsignal(signal.SIGCHLD)) else []
+
+
 class Deferred:
     """``signals`` (SIGINT and SIGTERM) put off across a span the main thread must not be
     stopped in (an optimizer's step: a stop in its middle leaves a replica that is neither
@@ -305,15 +315,18 @@ class Hooks:
         if kept is not None:
             self._saved["excepthook"] = kept
 
-    def posting(self) -> contextlib.AbstractContextManager[list[int]]:
+    @contextlib.contextmanager
+    def posting(self) -> Iterator[list[int]]:
         """Hold SIGTERM and SIGINT while a failure is posted; yields the signals that came.
 
         Only where this object's handler is installed (in the excepthook,
-        ``_on_signal_while_ending`` already defers a stop). See ``stop_after``.
+        ``_on_signal_while_ending`` already defers a stop). See ``stop_after``. A
+        DataLoader's dying workers are held off too (``child_deaths``), and dropped.
         """
         on_main = threading.current_thread() is threading.main_thread()
         ours = [s for s in (signal.SIGTERM, signal.SIGINT) if on_main and signal.getsignal(s) == self._on_signal]
-        return holding(ours)
+        with holding(child_deaths() if on_main else []), holding(ours) as came:
+            yield came
 
     def stop_after(self, signum: int, shown: BaseException) -> None:
         """A stop held while a failure was posted: an owned process ends now, quietly.
