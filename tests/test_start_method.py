@@ -66,3 +66,12 @@ def test_a_stopped_launcher_stops_its_workers_alike_whatever_the_start_method(me
     assert set(codes) == {"0", "1"} and set(codes.values()) <= {"3", "143"}, stopped[0]  # the stop, or a peer's
     assert "Traceback" not in res.output and "RecursionError" not in res.output, res.output[-3000:]
     assert res.leftovers == []
+
+
+@no_forkserver
+def test_a_process_the_launcher_starts_from_its_forkserver_after_spawn_can_be_terminated() -> None:
+    res = python("spawn_then_process.py", bound=BOUND)
+    assert res.returncode == 0, res.output[-3000:]
+    # tether's server keeps SIGTERM blocked; a process that inherited that ran on (None)
+    assert "TERMINATED -15" in res.stdout, res.output[-3000:]
+    assert res.leftovers == []

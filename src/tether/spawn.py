@@ -170,13 +170,12 @@ def _context(start_method: str) -> Any:
         preload = list(getattr(server, "_preload_modules", None) or [])
         if _PRELOAD not in preload and getattr(server, "_forkserver_pid", None) is None:
             mp.set_forkserver_preload([*preload, _PRELOAD])
-            # Started now, with SIGINT and SIGTERM blocked, which it keeps, and its workers
-            # until they unblock them (``run_worker``). A stop sent to the job's whole process
-            # group (SLURM's scancel, timeout(1), systemd's stop, a Ctrl-C) reached the server
-            # too: dead, it took every worker with it at once (``PR_SET_PDEATHSIG``), so no
-            # rank stopped cleanly or saved, and the launcher read each code as 255 ("job
-            # failed ... exited with code 255"). A stop that comes between a worker's fork
-            # and its handlers waits for them, instead of being lost to the server's.
+            # Started now, with SIGINT and SIGTERM blocked, which it keeps (its children
+            # unblock them as they start: ``_forkserver.py``). A stop sent to the job's
+            # whole process group (SLURM's scancel, timeout(1), systemd's stop, a Ctrl-C)
+            # reached the server too: dead, it took every worker with it at once
+            # (``PR_SET_PDEATHSIG``), so no rank stopped cleanly or saved, and the launcher
+            # read each code as 255 ("job failed ... exited with code 255").
             # The resource tracker first: its start unblocks both (CPython's bpo-33613).
             multiprocessing.resource_tracker.ensure_running()
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
