@@ -50,15 +50,16 @@ def test_each_worker_sees_the_launchers_environment_of_its_job_and_torch_comes_p
 
 
 @pytest.mark.parametrize(
-    "method",
+    ("method", "where"),
     [
-        pytest.param("forkserver", marks=no_forkserver),
-        pytest.param("spawn", marks=pytest.mark.full),
-        "fork",
+        pytest.param("forkserver", "barrier", marks=no_forkserver),
+        pytest.param("spawn", "barrier", marks=pytest.mark.full),
+        ("fork", "barrier"),
+        pytest.param("forkserver", "finalize", marks=no_forkserver),
     ],
 )
-def test_a_stopped_launcher_stops_its_workers_alike_whatever_the_start_method(method: str) -> None:
-    res = python("spawn_stop.py", method, bound=BOUND)
+def test_a_stopped_launcher_stops_its_workers_alike_whatever_the_start_method(method: str, where: str) -> None:
+    res = python("spawn_stop.py", method, where, bound=BOUND)
     assert res.returncode == 143 and res.elapsed < 30, res.output[-3000:]
     stopped = re.findall(r"^tether: job stopped \(SIGTERM\); every rank stopped \((.*)\)$", res.stderr, re.M)
     assert len(stopped) == 1, res.output[-3000:]

@@ -189,6 +189,16 @@ def _context(start_method: str) -> Any:
 _PRELOAD = "tether._forkserver"
 
 
+def _the_stop(record: FailureRecord) -> bool:
+    """Whether ``record`` is the launcher's stop itself, not a rank's failure: a rank's own
+    ``Terminated``, or the exit this launcher posted for a rank the SIGTERM ended without a
+    record of its own: before tether's handler was in (killed by SIGTERM), or in its clean
+    ``finalize()`` once its function had returned (exit code 143; under load, "job failed.
+    Root cause: rank 1 failed: SystemExit: process exited with code 143")."""
+    ended = {f"process {describe_exit(code)}" for code in (-signal.SIGTERM, 128 + signal.SIGTERM)}
+    return record.exc_type == Terminated.__name__ or (record.reporter == -1 and record.message in ended)
+
+
 class _Supervisor:
     def __init__(
         self,
@@ -293,8 +303,7 @@ class _Supervisor:
         records: list[FailureRecord] = []
         with contextlib.suppress(Exception):
             records = [] if self.store_gone else self.channel.records()
-        # the stop itself: a rank's Terminated, or a rank it ended before tether's handler was in
-        if records and records[0].exc_type not in (Terminated.__name__, signal.SIGTERM.name):
+        if records and not _the_stop(records[0]):
             with contextlib.suppress(JobFailed):
                 self._fail()
         else:
