@@ -43,6 +43,9 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
     p2p         as ``chain``, but the partner waits in a raw ``dist.recv`` from the victim
                 (gloo's point-to-point waits ignore the group's timeout: tether's
                 ``recv`` bounds its own)
+    rooted      as ``chain``, but the partner waits in a raw ``dist.reduce`` to itself
+                (``dst=partner``): a collective's root is not its only peer, the victim
+                is the one that did not arrive
 
 Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
 marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
@@ -79,7 +82,7 @@ FAILURES = (
     "sigint",
     "term_launcher",
 )
-PLACES = ("first", "waiting", "collective", "outside", "backward", "chain", "p2p")
+PLACES = ("first", "waiting", "collective", "outside", "backward", "chain", "p2p", "rooted")
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 START_LINE = 120.0  # seconds the first barrier waits for the last rank to start
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
@@ -109,7 +112,7 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        raw = ("backward", "chain", "p2p")  # raw waits know no timeout= of their own
+        raw = ("backward", "chain", "p2p", "rooted")  # raw waits know no timeout= of their own
         if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
@@ -311,7 +314,7 @@ def run_case(case: Case) -> None:
         _train(case, rank, seq, others)
         return
 
-    if case.place in ("chain", "p2p"):
+    if case.place in ("chain", "p2p", "rooted"):
         import torch
         import torch.distributed as dist
 
@@ -324,6 +327,8 @@ def run_case(case: Case) -> None:
         seq.mark(f"in/{rank}")
         if rank == partner and case.place == "p2p":
             dist.recv(torch.zeros(1), src=case.victim)  # the victim never sends
+        elif rank == partner and case.place == "rooted":
+            dist.reduce(torch.ones(1), dst=partner, group=pair)  # its own src/dst: the victim is missing
         elif rank == partner:
             dist.all_reduce(torch.ones(1), group=pair)
         elif case.failure == "stall":

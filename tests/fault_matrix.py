@@ -245,6 +245,9 @@ ROWS: list[Row] = [
     stall("p2p", "initialize", 2, 1, bound=B),
     stall("p2p", "spawn", 4, 2, bound=B, full=True),
     raise_("F2", "p2p", "spawn", 4, 3, bound=B, detect=PUSH, full=True),
+    # F5 behind a collective with a root: the partner waits in dist.reduce to itself
+    stall("rooted", "initialize", 2, 1, bound=B),
+    stall("rooted", "spawn", 4, 3, bound=B, full=True),
     # F6: mismatched syncs
     mismatch("barrier", "spawn", 4, 2, bound=B, detect=None, full=True),
     mismatch("first", "initialize", 4, 1, bound=B, detect=None),

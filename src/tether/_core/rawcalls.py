@@ -94,6 +94,9 @@ _OWN_TIMEOUT = ("timeout", "pg_options", "backend_options")  # a caller's own bo
 # gloo's point-to-point waits ignore the group's timeout (measured: a blocking recv from a
 # stalled peer waits forever): tether's send and recv wait on the async work with the bound
 _P2P = {"send": "isend", "recv": "irecv"}
+# whose src/dst is the one peer they wait for; a collective's src/dst (broadcast, reduce,
+# gather, scatter) is its root, and it waits for the whole group
+_POINT_TO_POINT = ("send", "recv", "send_object_list", "recv_object_list")
 
 _originals: dict[str, Callable[..., Any]] = {}
 _MAIN = threading.main_thread()
@@ -150,8 +153,12 @@ def _outside(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    p2p: bool = False,
 ) -> Any:
-    """``run_outside``; ``fn``'s ``signature`` finds the ranks of the call's group, after a failure only."""
+    """``run_outside``; ``fn``'s ``signature`` finds the ranks the call waited for, after a failure only.
+
+    ``p2p``: ``fn`` is a point-to-point call, which waits for its peer alone.
+    """
     ctx = context.peek()
     watchdog = ctx.watchdog if ctx is not None else None
     if ctx is None or watchdog is None or watchdog.current_call or threading.current_thread() is not _MAIN:
@@ -171,7 +178,7 @@ def _outside(
         if isinstance(exc, TetherError):
             raise
         try:
-            ranks = _group_ranks(signature, args, kwargs) if signature is not None else None
+            ranks = _group_ranks(signature, args, kwargs, p2p) if signature is not None else None
             failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"), ranks)
         except Terminated:  # the launcher's SIGTERM while this rank asks: a peer died
             failure = failure_behind_stop(ctx)
@@ -190,6 +197,7 @@ def _outside(
 
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     call = f"dist.{name.lstrip('_')} {OUTSIDE}"
+    p2p = name in _POINT_TO_POINT
     try:
         signature: inspect.Signature | None = inspect.signature(original)
     except (TypeError, ValueError):  # a function of torch's C++ (DDP's helpers)
@@ -200,7 +208,7 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         found = lent.counted_args(args, kwargs)
         done, work = False, None
         try:
-            result = _outside(call, signature, original, args, kwargs)
+            result = _outside(call, signature, original, args, kwargs, p2p)
             work = result if isinstance(result, dist.Work) else None
             done = work is None  # a blocking call returned: its work is finished
             return result
@@ -220,16 +228,20 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return makes_group
 
 
-def _group_ranks(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...] | None:
+def _group_ranks(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any], p2p: bool
+) -> tuple[int, ...] | None:
     """The global ranks a raw call waited for (None: all ranks, or not known).
 
-    Those of the call's group; for a point-to-point call, this rank and its peer.
+    Those of the call's group; for a point-to-point call (``p2p``), this rank and its peer.
+    A collective's ``src``/``dst`` names its root only: a ``dist.broadcast(t, src=0)`` waits
+    for every rank of its group, and a stalled rank 2 is the one that did not arrive.
     """
     try:
         given = signature.bind_partial(*args, **kwargs).arguments
         group = given.get("group")
         for rank, group_rank in (("src", "group_src"), ("dst", "group_dst")):
-            peer = _peer(given.get(rank), group, given.get(group_rank))
+            peer = _peer(given.get(rank), group, given.get(group_rank)) if p2p else None
             if peer is not None:
                 return tuple(sorted({dist.get_rank(), peer}))
         if group is None or group is dist.group.WORLD:
