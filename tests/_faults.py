@@ -35,6 +35,8 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
                 its backward, the others wait in ``loss.backward()`` (DDP's gradient
                 all-reduce, through tether's communication hook; a stall row's timeout
                 is the job's ``sync_timeout``)
+    ddp_hand    as ``backward``, with a DDP the job built itself, without tether's hook:
+                the others wait in the reducer's own all-reduce, in C++
     chain       a wait behind a wait: the victim is in user code; its partner (rank 0, or
                 1 when the victim is 0) waits for it in a raw ``dist.all_reduce`` on a
                 group of the two (``dist.new_group``); the others wait in a sync for both
@@ -82,7 +84,7 @@ FAILURES = (
     "sigint",
     "term_launcher",
 )
-PLACES = ("first", "waiting", "collective", "outside", "backward", "chain", "p2p", "rooted")
+PLACES = ("first", "waiting", "collective", "outside", "backward", "ddp_hand", "chain", "p2p", "rooted")
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 START_LINE = 120.0  # seconds the first barrier waits for the last rank to start
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
@@ -112,7 +114,7 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        raw = ("backward", "chain", "p2p", "rooted")  # raw waits know no timeout= of their own
+        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted")  # raw waits know no timeout= of their own
         if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
@@ -310,7 +312,7 @@ def run_case(case: Case) -> None:
         idist.barrier(timeout=timeout)
         return
 
-    if case.place == "backward":
+    if case.place in ("backward", "ddp_hand"):
         _train(case, rank, seq, others)
         return
 
@@ -345,7 +347,12 @@ def _train(case: Case, rank: int, seq: Sequencer, others: list[int]) -> None:
     import torch
 
     torch.manual_seed(0)
-    model = idist.auto_model(torch.nn.Linear(8, 1))
+    if case.place == "ddp_hand":
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    else:
+        model = idist.auto_model(torch.nn.Linear(8, 1))
     x = torch.full((4, 8), 0.1)
     for _ in range(2):  # DDP rebuilds its buckets in the second forward: behind us before the strike
         model(x).sum().backward()

@@ -203,6 +203,9 @@ ROWS: list[Row] = [
     stall("backward", "spawn", 2, 1, bound=B),
     freeze("backward", "spawn", 2, 1, bound=B, detect=HEARTBEAT, full=True),
     stall("backward", "initialize", 4, 0, bound=B, full=True),
+    # in the reducer of a DDP built without tether's hook: the others answer "in backward()"
+    stall("ddp_hand", "initialize", 3, 1, bound=B),
+    raise_("F2", "ddp_hand", "spawn", 3, 2, bound=B, detect=PUSH, full=True),
     # F1: exception inside one_rank_first's block on the working rank
     raise_("F1", "first", "spawn", 4, 0, bound=B, detect=PUSH),
     raise_("F1", "first", "parallel", 4, 0, bound=B, detect=PUSH, full=True),

@@ -33,14 +33,14 @@ fresh-clone test run. The hook keeps the reducer on torch's own group.
 
 The reducer then raises a ``RuntimeError`` that holds the error's text ("Unable to cast
 <the error> to Tensor": ``_core/futures.py``); ``torch.autograd.backward``, through
-which every ``Tensor.backward()`` goes, is wrapped once a model is guarded so that a
-rank with a known failure gets tether's own exception, chained to the reducer's. The
-model's own ``forward`` is wrapped the same way: DDP's forward makes raw collectives in
+which every ``Tensor.backward()`` goes, is wrapped while tether runs (``rawcalls.py``,
+guarded or not) so that a rank with a known failure gets tether's own exception, chained
+to the reducer's. DDP's ``forward`` is wrapped the same way: it makes raw collectives in
 C++ (the bucket rebuild of its second iteration, the buffer broadcast), which go to the
 process group unguarded (the hook guards the gradients' all-reduce only) and are bounded
-and explained as every raw call (``_core/rawcalls.py``). Both wrappers go through
-``rawcalls.run_outside``: two attribute writes and a ``try`` on the happy path, and a
-user's own autograd error (not the backend's, no failure known) passes unchanged.
+and explained as every raw call. Both wrappers cost two attribute writes and a ``try``
+on the happy path, and a user's own autograd error (not the backend's, no failure
+known) passes unchanged.
 
 With ``sync_timeout`` set, a bucket's all-reduce still pending ``sync_timeout`` seconds
 after it was issued is failed with ``SyncTimeout`` naming the ranks that were not in
@@ -61,7 +61,6 @@ from torch._C._distributed_c10d import GradBucket
 from torch.nn.parallel import DistributedDataParallel
 
 from ._core.context import Context
-from ._core.rawcalls import run_outside
 from ._core.runtime import current
 from ._core.verdicts import OUTSIDE, expire
 from ._grad_views import ResultBuffers
@@ -115,24 +114,6 @@ def register_comm_hook(model: DistributedDataParallel, state: object = None, hoo
     views = ResultBuffers() if plain_copies else None
     guard = _TetherHook(ctx, hook, group, views)
     model.register_comm_hook(state if hook is not None else group, guard)
-    _wrap_backward()
-    _translate_forward(model)
-
-
-def _translate_forward(model: DistributedDataParallel) -> None:
-    """DDP's forward makes raw collectives of its own, in C++ (its bucket rebuild at the
-    second iteration, its buffer broadcast): a failure there gets its true story too.
-
-    Set on the instance (``model.forward``): a deep copy of the model would call the
-    original's forward.
-    """
-    forward: Callable[..., Any] = model.forward
-
-    @functools.wraps(forward)
-    def translated(*args: Any, **kwargs: Any) -> Any:
-        return run_outside(IN_FORWARD, forward, *args, **kwargs)
-
-    model.forward = translated  # type: ignore[method-assign]
 
 
 class _TetherHook:
@@ -209,32 +190,9 @@ def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
     return fut.value()[0]
 
 
-# What a rank in backward() answers a whereabouts query with (``watchdog.current_call``).
-IN_BACKWARD = f"DDP's backward {OUTSIDE}"
-IN_FORWARD = f"DDP's forward {OUTSIDE}"
-
-
 def _expire(ctx: Context, timeout: float) -> None:
     """A bucket's all-reduce outlived ``sync_timeout``: ask every rank where it is, post the
     timeout (every rank raises it), and fail this rank's futures with it. On the keeper thread."""
     if ctx.watchdog is not None and ctx.watchdog.failure is None:
         error = expire(ctx, world(ctx), 0, "DDP's gradient all-reduce", timeout, at=OUTSIDE)
         ctx.watchdog.deliver(error, None)
-
-
-_wrapped = False
-
-
-def _wrap_backward() -> None:
-    """Wrap ``torch.autograd.backward`` once per process (see the module docstring)."""
-    global _wrapped
-    if _wrapped:
-        return
-    original = torch.autograd.backward
-
-    @functools.wraps(original)
-    def backward(*args: Any, **kwargs: Any) -> None:
-        run_outside(IN_BACKWARD, original, *args, **kwargs)
-
-    torch.autograd.backward = backward
-    _wrapped = True

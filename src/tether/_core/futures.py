@@ -13,7 +13,7 @@ Facts measured on torch 2.13 (gloo) that shape it:
   eyes: the future holds the Python exception as its value. The reducer, reading that
   value as the bucket's tensor, raises ``RuntimeError("Unable to cast <the exception's
   text> to Tensor")`` out of ``backward()``, in the main thread. That suffices:
-  ``backward()`` is wrapped (``tether/ddp.py``), a rank with a known failure raises
+  ``backward()`` is wrapped (``rawcalls.py``), a rank with a known failure raises
   tether's own exception chained to it, and a backend error's text is still in it. So the
   hook hands the reducer the very future tether fails: one Python callback per bucket
   (the backend's completion), as torch's own ``allreduce_hook``. It used to hand over

@@ -51,6 +51,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import TetherError
 from . import context, lent, nccl
@@ -133,6 +134,42 @@ def install() -> None:
     if inner is not None:
         _originals[_EVERY_NEW_GROUP] = inner
         setattr(c10d, _EVERY_NEW_GROUP, with_job_timeout(inner))
+    _name_ddps_waits()
+
+
+# What a rank in backward() or in DDP's forward answers a whereabouts query with
+IN_BACKWARD = f"backward() {OUTSIDE}"
+IN_FORWARD = f"DDP's forward {OUTSIDE}"
+
+
+def _name_ddps_waits() -> None:
+    """Wrap ``torch.autograd.backward`` and ``DistributedDataParallel.forward``, as the
+    functions of ``WRAPPED``: DDP waits in them, in C++, on collectives no wrapper sees.
+
+    ``backward()`` waits for the reducer's gradient all-reduce, DDP's forward for its bucket
+    rebuild (second iteration) and its buffer broadcast. Without these names a rank waiting
+    there answered "in user code", as a stalled rank does: in a DDP built without tether's
+    hook (``ddp.register_comm_hook``), a stall of rank 1 at 3 ranks was "user code timed out
+    after 4 s: rank(s) [1, 2] did not arrive", rank 2 waiting in its backward. Every
+    ``Tensor.backward()`` goes through ``torch.autograd.backward``, looked up at call time;
+    a ``forward`` a subclass of DDP defines calls DDP's, or is its own.
+    """
+    original_backward = torch.autograd.backward
+    _originals["backward"] = original_backward
+
+    @functools.wraps(original_backward)
+    def backward(*args: Any, **kwargs: Any) -> None:
+        _outside(IN_BACKWARD, None, original_backward, args, kwargs)
+
+    torch.autograd.backward = backward
+    original_forward = DistributedDataParallel.forward
+    _originals["DistributedDataParallel.forward"] = original_forward
+
+    @functools.wraps(original_forward)
+    def forward(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> Any:
+        return _outside(IN_FORWARD, None, original_forward, (self, *args), kwargs)
+
+    DistributedDataParallel.forward = forward  # type: ignore[method-assign]
 
 
 def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
