@@ -154,15 +154,20 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
 
 
 @pytest.mark.timeout(BOUND + 60)
-def test_a_stop_to_the_process_group_saves_despite_the_dataloaders_dying_workers(tmp_path: Path) -> None:
-    res = run([sys.executable, str(JOBS / "dataloader_stop.py"), str(tmp_path)], BOUND, env={"OMP_NUM_THREADS": "1"})
+@pytest.mark.parametrize("when", ["between", "in-step"])
+def test_a_stop_to_the_process_group_saves_despite_the_dataloaders_dying_workers(tmp_path: Path, when: str) -> None:
+    job = [sys.executable, str(JOBS / "dataloader_stop.py"), str(tmp_path), when]
+    res = run(job, BOUND, env={"OMP_NUM_THREADS": "1"})
     err = res.stderr
     assert res.returncode == 143 and res.elapsed < 60, res.output[-4000:]
+    # each rank exits 143, or 3 where a peer's posted stop reached it before its own SIGTERM
     assert err.count("tether: job stopped (SIGTERM); every rank stopped (") == 1, err[-4000:]
-    # before: torch's "DataLoader worker ... is killed by signal" cut the save short, or the query behind the stop
+    # before: torch's "DataLoader worker ... is killed by signal" cut the save short, or the query
+    # behind the stop; inside a step, whose stop waits for the step's end, it was the rank's failure
     saved = re.findall(r"^tether: rank 0 saved an emergency checkpoint of step (\d+) to ", err, re.M)
-    assert len(saved) == 1 and int(saved[0]) >= 20, err[-4000:]
+    assert len(saved) == 1 and int(saved[0]) >= (21 if when == "in-step" else 20), err[-4000:]
     assert "failed after this rank's failure" not in err and "could not tell" not in err, err[-4000:]
+    assert "saved no emergency checkpoint" not in err, err[-4000:]
     assert res.leftovers == []
 
 

@@ -121,6 +121,30 @@ def child_deaths() -> list[signal.Signals]:
     return [signal.SIGCHLD] if callable(signal.getsignal(signal.SIGCHLD)) else []
 
 
+_stopping = False  # a SIGTERM came to this process (``stopping``)
+
+
+def stopping(signum: int) -> None:
+    """A SIGTERM came (each handler of tether's that takes one calls this, in the main
+    thread): from here on a child's death is dropped (``child_deaths``), for good.
+
+    The holds around the query and the save came too late where the stop was put off: a
+    SIGTERM inside an optimizer's step waits for the step's end (``Deferred``), and torch's
+    error about the loaders' workers, which the same stop ended, came meanwhile, inside the
+    step, as the rank's own failure (``tests/jobs/dataloader_stop.py in-step``: "saved no
+    emergency checkpoint: the failure came in the middle of optimizer.step()")."""
+    global _stopping
+    if signum != signal.SIGTERM:
+        return  # Ctrl-C: a loader's workers take it as a KeyboardInterrupt and exit cleanly
+    _stopping = True
+    for sig in child_deaths():
+        signal.signal(sig, _dropped)
+
+
+def _dropped(signum: int, frame: FrameType | None) -> None:
+    """A child died while this process stops: nobody will use its DataLoader again."""
+
+
 class Deferred:
     """``signals`` (SIGINT and SIGTERM) put off across a span the main thread must not be
     stopped in (an optimizer's step: a stop in its middle leaves a replica that is neither
@@ -146,6 +170,7 @@ class Deferred:
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self.came.append(signum)
+        stopping(signum)
 
     def end(self, raise_again: bool = True) -> list[int]:
         """Put the handlers back; a signal that came meanwhile is raised now, once (unless
@@ -154,7 +179,7 @@ class Deferred:
             return []
         previous, self._previous = self._previous, {}
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, _dropped if sig == signal.SIGCHLD and _stopping else handler)
         came, self.came = self.came, []
         for signum in dict.fromkeys(came) if raise_again else ():
             signal.raise_signal(signum)
@@ -438,6 +463,7 @@ class Hooks:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signalled = signum
+        stopping(signum)
         if signum == signal.SIGTERM and self._owned and self._defer_stop():
             self._stop_pending = True  # the known failure ends the process (see the module docstring)
             return
