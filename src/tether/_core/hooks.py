@@ -34,7 +34,9 @@ back; a handler the user installed for SIGTERM/SIGINT is left alone.
   and from then on a SIGTERM ends an owned process with the failure's code
   (``ending_on_stop``).
 * **Children.** A process that tether ends (``end_process``) first terminates its
-  daemonic ``multiprocessing`` children, a DataLoader's workers, as Python's exit would.
+  daemonic ``multiprocessing`` children, a DataLoader's workers, as Python's exit would,
+  and the other processes it started, as torchrun ends a worker's process group
+  (``descendants.py``; a ladder rung that needs no GIL ends the rank alone).
   A process forked from a rank (those workers) drops these hooks at the fork
   (``_drop_in_forked_child``): it is not the rank.
 * **Posting.** A failure posted on the main thread before it reaches the excepthook (a
@@ -58,6 +60,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from ..errors import ExitCode, TetherError
+from . import descendants
 from .record import first_line
 
 _ending = threading.Event()  # an owned process's excepthook runs the exit functions, then ``os._exit``
@@ -206,7 +209,9 @@ def end_process(code: int) -> None:
     Python's own exit would end them. Left alone they outlived the job: in a
     ``tether.spawn`` worker they came from a forkserver of the rank's, which they kept
     alive while they waited for it to die, forever, holding the job's stdout (``python
-    train.py | tee log`` never returned; ``tests/test_dataloader_workers.py``).
+    train.py | tee log`` never returned; ``tests/test_dataloader_workers.py``). So are the
+    other processes it started, as torchrun ends a worker's process group
+    (``descendants.py``).
     """
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -217,6 +222,8 @@ def end_process(code: int) -> None:
             for child in processes.active_children():
                 if child.daemon:
                     child.terminate()
+    with contextlib.suppress(Exception):
+        descendants.terminate()
     os._exit(code)
 
 
