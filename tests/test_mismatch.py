@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from _core import lc_events
-from _harness import python
+from _harness import python, torchrun
 from tether import ExitCode, spawn
 
 BOUND = 60.0
@@ -55,3 +55,21 @@ def work(local_rank: int) -> None:  # never runs: the option is refused before a
 def test_check_collectives_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"^check_collectives must be a bool, got str 'yes'$"):
         spawn("gloo", work, (), nproc_per_node=2, check_collectives="yes")
+
+
+@pytest.mark.timeout(BOUND + 30)
+def test_a_raw_collective_in_a_failed_ranks_finally_is_a_mismatch_not_a_wait_forever() -> None:
+    # crossed.py: rank 1 raises and its finally waits in dist.barrier while the others wait for
+    # it in tether's all_reduce #11; before, the job waited until the harness killed it
+    res = torchrun("crossed_finally.py", nproc=3, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode is not None and res.elapsed < BOUND, res.output[-3000:]
+    assert res.returncode != 0
+    out = {(e["rank"], e["where"]): e for e in lc_events(res, "raised")}
+    assert out[1, "loop"]["exc"] == "ValueError", out
+    crossed = "rank 1: dist.barrier (outside tether), while handling ValueError: injected failure 0.1 on rank 1"
+    for rank in (0, 1, 2):  # every rank, rank 1 out of its finally's barrier
+        e = out[rank, "finally"]
+        assert e["exc"] == "SyncMismatch" and crossed in str(e["msg"]), e
+        assert "rank 0: all_reduce(SUM, float64[]) #11" in str(e["msg"]), e
+    assert crossed in res.stderr.split("Root Cause (first observed failure):", 1)[-1], res.stderr[-3000:]
+    assert res.leftovers == []

@@ -21,7 +21,8 @@ store) can release, fail or confuse a later one. ``N`` is the world size::
     P/lost/<rank>           judges (add 1)           judges                  first claim posts the loss
     P/node/<node>           that node's beater       other nodes' judges     heartbeat counter
     P/q/n                   askers (add 1)           askers                  whereabouts query ids
-    P/where/<qid>/<rank>    <rank>'s listener        the asker (deletes it)  JSON {where, for: seconds in it}
+    P/where/<qid>/<rank>    <rank>'s listener        the asker (deletes it)  JSON {where, for: seconds in it,
+                                                                             members, handling: crossed.py}
     P/left/n                every rank at finalize   the store's host        ranks that finished cleanly
     P/sync/<g>/<seq>/...    members of a sync        the same                see ``waits.py``
     P/checkpoint/<s>/<r>    rank r's save writer     rank 0's (deletes it)   its part of save <s>: see ``_ckpt_parts``
@@ -81,6 +82,8 @@ class Answers(dict[int, str]):
     def __init__(self) -> None:
         super().__init__()
         self.seconds: dict[int, float] = {}
+        self.members: dict[int, tuple[int, ...]] = {}  # the ranks of a raw collective's group
+        self.handling: dict[int, str] = {}  # the exception a rank was handling as it entered its call
 
 
 def clone(store: Store) -> Store:
@@ -235,6 +238,10 @@ class Channel:
                     answers[r] = answer["where"]
                     if answer.get("for") is not None:
                         answers.seconds[r] = answer["for"]
+                    if answer.get("members") is not None:
+                        answers.members[r] = tuple(answer["members"])
+                    if answer.get("handling"):
+                        answers.handling[r] = answer["handling"]
                     self._store.delete_key(k)
                     del keys[r]
             if not keys or time.monotonic() >= deadline or until():  # until: the answer no longer matters
@@ -242,9 +249,19 @@ class Channel:
             time.sleep(0.005)
         return answers
 
-    def answer(self, client: Store, qid: int, where: str, seconds: float | None = None) -> None:
-        """Answer query ``qid``: ``where`` this rank is, and for how many ``seconds`` (None: in user code)."""
-        answer = {"version": 1, "where": where, "for": seconds}
+    def answer(
+        self,
+        client: Store,
+        qid: int,
+        where: str,
+        seconds: float | None = None,
+        members: Sequence[int] | None = None,
+        handling: str = "",
+    ) -> None:
+        """Answer query ``qid``: ``where`` this rank is, and for how many ``seconds`` (None: in
+        user code); in a raw collective, its group's ``members`` and the exception it was
+        ``handling`` as it entered (``crossed.py``)."""
+        answer = {"version": 1, "where": where, "for": seconds, "members": members, "handling": handling}
         client.set(self.key("where", qid, self.rank), json.dumps(answer))
 
     # --- this rank's registration and exit --------------------------------------------

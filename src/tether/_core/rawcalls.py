@@ -43,6 +43,7 @@ from __future__ import annotations
 import datetime
 import functools
 import inspect
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -201,6 +202,9 @@ def _outside(
     if ctx is None or watchdog is None or watchdog.current_call or threading.current_thread() is not _MAIN:
         return fn(*args, **kwargs)  # the whereabouts and the wait the watchdog knows are the main thread's
     watchdog.current_call = call
+    if signature is not None and not p2p:  # a collective of WRAPPED's: for a cross (crossed.py)
+        watchdog.raw_members = functools.partial(_members, signature, args, kwargs)
+        watchdog.raw_handling = sys.exc_info()[1]  # in a ``finally:`` too, while an exception passes
     start = time.monotonic()
 
     def on_stall() -> None:
@@ -230,6 +234,7 @@ def _outside(
     finally:
         watchdog.end_wait()
         watchdog.current_call = ""
+        watchdog.raw_members = watchdog.raw_handling = None
 
 
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -286,6 +291,17 @@ def _group_ranks(
         return tuple(dist.get_process_group_ranks(group))
     except Exception:  # a bad argument torch already refused, a group of another kind
         return None
+
+
+def _members(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
+    """The global ranks of a raw collective's group: all ranks for the default group.
+
+    Raises what torch raises for a group it does not know (the caller answers None).
+    """
+    group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+    if group is None or group is dist.group.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
 
 
 def _peer(rank: int | None, group: Any, group_rank: int | None) -> int | None:

@@ -55,6 +55,7 @@ import torch.distributed as dist
 
 from ..errors import BackendError, TetherError
 from .context import Context
+from .crossed import CrossedWaits
 from .group import Group, tag
 from .hooks import Terminated
 from .record import error_from_record
@@ -63,7 +64,6 @@ from .verdicts import (
     explain_backend_error,
     failure_behind_stop,
     is_backend_error,
-    left_behind,
     mismatch,
     warn_stall,
 )
@@ -72,7 +72,8 @@ from .watchdog import ABORT, EXPIRED, SIGNALLED
 log = logging.getLogger("tether")
 
 # A wait still going after this long checks, every keeper period, whether a member finished
-# before it reached this sync (``verdicts.left_behind``); a wait that ends sooner costs nothing.
+# before it reached this sync (``verdicts.left_behind``), and later whether a member waits for
+# this rank in a raw call (``crossed.py``); a wait that ends sooner costs nothing.
 LEFT_CHECK_AFTER = 0.5
 
 _COUNT_BITS = 20
@@ -243,7 +244,7 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
         stall_at=start + ctx.settings.warn_after,
         on_stall=lambda: warn_stall(ctx, group, seq, signature, time.monotonic() - start),
         check_at=start + LEFT_CHECK_AFTER,
-        check=lambda client: left_behind(ctx, client, group, seq, f"{signature} {tag(group, seq)}"),
+        check=CrossedWaits(ctx, group, seq, f"{signature} {tag(group, seq)}", start),
     )
     try:
         try:
@@ -407,7 +408,7 @@ def _wait_event(
     ctx.watchdog.begin_wait(
         event=done,
         check_at=start + LEFT_CHECK_AFTER,
-        check=lambda client: left_behind(ctx, client, group, seq, f"{signature} {tag(group, seq)}"),
+        check=CrossedWaits(ctx, group, seq, f"{signature} {tag(group, seq)}", start),
     )
     try:
         while True:

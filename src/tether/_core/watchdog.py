@@ -69,7 +69,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -82,7 +82,7 @@ from .hooks import end_process, ends_a_wait
 from .janitor import Janitor
 from .liveness import NodeWatch, PeerJudge, StoreAnswerWatch, StoreHostWatch
 from .nccl import abort_in_background
-from .record import FailureRecord, error_from_record, format_stack, lost_record
+from .record import FailureRecord, error_from_record, first_line, format_stack, lost_record
 
 log = logging.getLogger("tether")
 
@@ -176,6 +176,10 @@ class Watchdog:
         self._stops_end = False  # see ``stops_end_process``
         self._stop_due: tuple[float, int] | None = None  # (when, signal) the keeper ends an unheeded stop
         self._call = ("", 0.0)  # what the main thread is doing, for whereabouts, and since when
+        # in a raw collective: its group's ranks, worked out when asked, and the exception
+        # the main thread was handling as it entered (``rawcalls._outside``, ``crossed.py``)
+        self.raw_members: Callable[[], Sequence[int] | None] | None = None
+        self.raw_handling: BaseException | None = None
         self._main = threading.main_thread()
         self._sig_r, self.signal_fd = os.pipe()  # the write end goes to signal.set_wakeup_fd
         os.set_blocking(self._sig_r, False)
@@ -404,7 +408,7 @@ class Watchdog:
                 if message == "fail":
                     self._on_fail(client)
                 elif message.startswith("ask:"):
-                    self.channel.answer(client, int(message[4:]), *self.timed_whereabouts())
+                    self.channel.answer(client, int(message[4:]), *self.timed_whereabouts(), *self._raw_detail())
             except dist.DistNetworkError as exc:
                 self.store_closed.set()
                 if not self._quiet_loss():
@@ -552,6 +556,15 @@ class Watchdog:
         """Seconds the main thread has been in its current call; None in user code."""
         call, since = self._call
         return self._clock() - since if call else None
+
+    def _raw_detail(self) -> tuple[Sequence[int] | None, str]:
+        """The raw collective's group ranks and the exception it entered with (``crossed.py``)."""
+        members, handling = self.raw_members, self.raw_handling
+        try:
+            ranks = members() if members is not None else None
+        except Exception:  # a group torch no longer knows: the call is ending
+            ranks = None
+        return ranks, first_line(handling)[:300] if handling is not None else ""
 
     def whereabouts(self) -> str:
         """The main thread's current tether call and its innermost Python frames."""
