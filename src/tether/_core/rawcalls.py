@@ -31,7 +31,10 @@ and explains them instead:
 
 The wrapper costs two attribute writes, the watchdog's lock twice (``begin_wait`` /
 ``end_wait``) and a ``try`` per call (the ranks of the call's group, for a timeout's
-verdict, are worked out only after a failure), and per tensor argument a reference count
+verdict, are worked out only after a failure); a collective also notes its arguments and
+``sys.exc_info()`` for a cross (``crossed.py``: a ``functools.partial`` and four attribute
+writes, 0.5 us in a ``timeit`` loop of them here, against 250 us and more for a gloo
+all_reduce on loopback), and per tensor argument a reference count
 and a weak reference: the exit waits until gloo's worker gave it back (``lent.py``). It covers code
 that looks the function up on the module at call time (``dist.all_reduce(...)``, and
 torch's own ``torch.distributed.utils``, which DDP's constructor uses); a name imported
