@@ -151,3 +151,13 @@ def test_register_comm_hook_rejects_what_is_not_a_ddp_or_not_a_hook() -> None:
 
     with pytest.raises(TypeError, match=r"^register_comm_hook: model must be a DistributedDataParallel, got Linear$"):
         tether.register_comm_hook(torch.nn.Linear(2, 1))  # type: ignore[arg-type]
+
+
+@pytest.mark.full  # dynamo's compile of the step costs each rank seconds
+def test_a_compiled_ddp_model_trains_without_dynamo_tracing_tethers_wrappers() -> None:
+    res = torchrun("compiled_ddp.py", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.output[-3000:]
+    weights = {e["rank"]: e["weight"] for e in lc_events(res, "trained")}
+    assert sorted(weights) == [0, 1] and weights[0] == weights[1], weights
+    assert "Dynamo does not know how to trace" not in res.output, res.output[-3000:]
+    assert res.leftovers == []
