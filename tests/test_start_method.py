@@ -63,8 +63,11 @@ def test_a_stopped_launcher_stops_its_workers_alike_whatever_the_start_method(me
     assert res.returncode == 143 and res.elapsed < 30, res.output[-3000:]
     stopped = re.findall(r"^tether: job stopped \(SIGTERM\); every rank stopped \((.*)\)$", res.stderr, re.M)
     assert len(stopped) == 1, res.output[-3000:]
-    codes = dict(re.findall(r"rank (\d): exited with code (\d+)", stopped[0]))
-    assert set(codes) == {"0", "1"} and set(codes.values()) <= {"3", "143"}, stopped[0]  # the stop, or a peer's
+    # the stop, or a peer's; or SIGTERM's default action, for a rank whose function had returned
+    # and whose clean exit had put tether's handler back (seen once under load: "rank 0: killed
+    # by SIGTERM", baa74aa and later)
+    codes = dict(re.findall(r"rank (\d): (?:exited with code |killed by )(\d+|SIGTERM)", stopped[0]))
+    assert set(codes) == {"0", "1"} and set(codes.values()) <= {"3", "143", "SIGTERM"}, stopped[0]
     assert "Traceback" not in res.output and "RecursionError" not in res.output, res.output[-3000:]
     assert res.leftovers == []
 
