@@ -17,8 +17,13 @@ can never leave it: it waits for this rank, which waits for it here. Every membe
 raises ``SyncMismatch`` listing where each is, and what the raw caller was handling, if
 it was: "rank 1: dist.barrier (outside tether), while handling ValueError: ...".
 
-What it costs: nothing until a wait has lasted ``CROSSED_AFTER``; then one whereabouts
-query (``2 + 3 N`` store operations) per ``CROSSED_AFTER`` on the keeper thread. The
+What it costs: nothing until a wait has lasted ``CROSSED_AFTER``; then one store ``add``
+per waiting member, and one whereabouts query (``2 + 3 N`` store operations) per
+``CROSSED_AFTER`` from the one member that claimed the asking (the first ``add``): every
+member waits in the same sync, so one asker sees what each would (N askers made a long
+barrier of N ranks, a rank evaluating alone while the others wait, cost the store
+``N * (2 + 3 N)`` operations every 5 s). The claim's key is handed to the janitor as the
+claimer's wait ends. The
 raw wrapper notes the call's arguments and the exception being handled (two attribute
 writes, ``rawcalls._outside``); the group's ranks are worked out only when asked.
 
@@ -51,6 +56,9 @@ class CrossedWaits:
         self._call = call
         self._next = start + CROSSED_AFTER
         self._seen: dict[int, tuple[str, float]] = {}  # rank -> (its raw call, when it began), last time
+        self._asker: bool | None = None  # claimed the asking (None: not tried yet)
+        assert ctx.channel is not None
+        self._claim = ctx.channel.key("sync", group.key, seq, "crossed")
 
     def __call__(self, client: Store) -> None:
         ctx = self._ctx
@@ -59,6 +67,10 @@ class CrossedWaits:
         if now < self._next or ctx.watchdog is None or ctx.watchdog.failure is not None:
             return
         self._next = now + CROSSED_AFTER
+        if self._asker is None:
+            self._asker = int(client.add(self._claim, 1)) == 1
+        if not self._asker:
+            return
         assert ctx.channel is not None
         me = ctx.channel.rank
         watchdog = ctx.watchdog
@@ -82,6 +94,11 @@ class CrossedWaits:
         calls[me] = self._call
         own, record = _mismatch(me, calls)
         post_and_pick(ctx, record, own)  # delivers it here; the others are told by the post
+
+    def done(self) -> None:
+        """The wait ended (the main thread): the claimer hands the claim's key to the janitor."""
+        if self._asker and self._ctx.watchdog is not None:
+            self._ctx.watchdog.janitor.discard(self._claim)
 
 
 def _same(before: tuple[str, float] | None, now: tuple[str, float]) -> bool:

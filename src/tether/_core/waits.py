@@ -238,13 +238,14 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
     assert ctx.store is not None and ctx.watchdog is not None
     timeout = ctx.settings.timeout if timeout is None else timeout
     start = time.monotonic()
+    crossed = CrossedWaits(ctx, group, seq, f"{signature} {tag(group, seq)}", start)
     ctx.watchdog.begin_wait(
         key=key,
         deadline=None if timeout is None else start + timeout,
         stall_at=start + ctx.settings.warn_after,
         on_stall=lambda: warn_stall(ctx, group, seq, signature, time.monotonic() - start),
         check_at=start + LEFT_CHECK_AFTER,
-        check=CrossedWaits(ctx, group, seq, f"{signature} {tag(group, seq)}", start),
+        check=crossed,
     )
     try:
         try:
@@ -270,6 +271,7 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
         return str(status)
     finally:
         ctx.watchdog.end_wait()
+        crossed.done()
 
 
 # --- collectives ------------------------------------------------------------------------
@@ -405,11 +407,8 @@ def _wait_event(
     checked = warned = False
     added = 0
     step = _POLL_FIRST
-    ctx.watchdog.begin_wait(
-        event=done,
-        check_at=start + LEFT_CHECK_AFTER,
-        check=CrossedWaits(ctx, group, seq, f"{signature} {tag(group, seq)}", start),
-    )
+    crossed = CrossedWaits(ctx, group, seq, f"{signature} {tag(group, seq)}", start)
+    ctx.watchdog.begin_wait(event=done, check_at=start + LEFT_CHECK_AFTER, check=crossed)
     try:
         while True:
             elapsed = time.monotonic() - start
@@ -437,6 +436,7 @@ def _wait_event(
                 warn_stall(ctx, group, seq, signature, elapsed)
     finally:
         ctx.watchdog.end_wait()
+        crossed.done()
         if added:
             _uncheck(ctx, group, seq, added)
 
