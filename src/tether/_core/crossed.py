@@ -38,7 +38,7 @@ import time
 from torch._C._distributed_c10d import Store
 
 from .context import Context
-from .group import Group
+from .group import Group, tag
 from .verdicts import OUTSIDE, _first_line, _mismatch, left_behind, post_and_pick
 
 CROSSED_AFTER = 5.0  # seconds both sides must have waited before a cross is named
@@ -49,29 +49,30 @@ class CrossedWaits:
     """The keeper's check for one tether wait (``Watchdog.begin_wait``'s ``check``): a member
     that finished (``verdicts.left_behind``), and then a cross (the module docstring)."""
 
-    def __init__(self, ctx: Context, group: Group, seq: int, call: str, start: float) -> None:
+    def __init__(self, ctx: Context, group: Group, seq: int, signature: str, start: float) -> None:
         self._ctx = ctx
         self._group = group
         self._seq = seq
-        self._call = call
+        self._signature = signature  # the call's name is made when a check needs it, not per wait
         self._next = start + CROSSED_AFTER
         self._seen: dict[int, tuple[str, float]] = {}  # rank -> (its raw call, when it began), last time
         self._asker: bool | None = None  # claimed the asking (None: not tried yet)
-        assert ctx.channel is not None
-        self._claim = ctx.channel.key("sync", group.key, seq, "crossed")
+        self._claim = ""  # its key, made when first needed: a wait that ends sooner costs nothing more
 
     def __call__(self, client: Store) -> None:
         ctx = self._ctx
-        left_behind(ctx, client, self._group, self._seq, self._call)
+        call = f"{self._signature} {tag(self._group, self._seq)}"
+        left_behind(ctx, client, self._group, self._seq, call)
         now = time.monotonic()
         if now < self._next or ctx.watchdog is None or ctx.watchdog.failure is not None:
             return
         self._next = now + CROSSED_AFTER
+        assert ctx.channel is not None
         if self._asker is None:
+            self._claim = ctx.channel.key("sync", self._group.key, self._seq, "crossed")
             self._asker = int(client.add(self._claim, 1)) == 1
         if not self._asker:
             return
-        assert ctx.channel is not None
         me = ctx.channel.rank
         watchdog = ctx.watchdog
         answers = ctx.channel.ask_whereabouts(
@@ -91,7 +92,7 @@ class CrossedWaits:
         for rank, handling in answers.handling.items():
             if rank in crossed:
                 calls[rank] = f"{calls[rank]}, while handling {handling}"
-        calls[me] = self._call
+        calls[me] = call
         own, record = _mismatch(me, calls)
         post_and_pick(ctx, record, own)  # delivers it here; the others are told by the post
 

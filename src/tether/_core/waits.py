@@ -238,7 +238,7 @@ def wait_key(ctx: Context, key: str, group: Group, seq: int, signature: str, tim
     assert ctx.store is not None and ctx.watchdog is not None
     timeout = ctx.settings.timeout if timeout is None else timeout
     start = time.monotonic()
-    crossed = CrossedWaits(ctx, group, seq, f"{signature} {tag(group, seq)}", start)
+    crossed = CrossedWaits(ctx, group, seq, signature, start)
     ctx.watchdog.begin_wait(
         key=key,
         deadline=None if timeout is None else start + timeout,
@@ -407,7 +407,7 @@ def _wait_event(
     checked = warned = False
     added = 0
     step = _POLL_FIRST
-    crossed = CrossedWaits(ctx, group, seq, f"{signature} {tag(group, seq)}", start)
+    crossed = CrossedWaits(ctx, group, seq, signature, start)
     ctx.watchdog.begin_wait(event=done, check_at=start + LEFT_CHECK_AFTER, check=crossed)
     try:
         while True:
