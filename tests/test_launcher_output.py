@@ -223,7 +223,7 @@ def test_a_stalled_rank_whose_store_host_has_gone_ends_without_writing_to_the_cl
     raised = {e["rank"]: e for e in lc_events(res, "raised")}
     assert raised[0]["exc"] == "SyncTimeout" and "rank(s) [1] did not arrive" in raised[0]["msg"], raised
     assert "ProcessRaisedException" in res.stderr and "did not arrive" in res.stderr  # mp.spawn's report
-    assert raised[1]["exc"] == "Terminated", raised  # mp.spawn's SIGTERM, in its user code
+    assert 1 in raised and raised[1]["exc"] == "Terminated", res.output[-3000:]  # mp.spawn's SIGTERM, in user code
     assert "could not post" not in res.output, res.output[-3000:]
     assert "sendBytes failed" not in res.output and "frame #" not in res.output, res.output[-3000:]
     assert res.returncode != 0

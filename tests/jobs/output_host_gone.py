@@ -23,6 +23,7 @@ def rank_main(rank: int, port: int) -> None:
 
     tether.initialize("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, sync_timeout=TIMEOUT)
     try:
+        tether.barrier()  # both ranks past initialize: rank 1's stall is in user code, however slow its start
         if rank == 1:
             emit("stall", rank=rank, pid=os.getpid())
             time.sleep(60)
