@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+MADE_KEY = "made"  # every rank, in initialize's one gate (``runtime._all_made``), apart from the job's syncs
+
 
 @dataclass(frozen=True)
 class Group:
@@ -17,7 +19,7 @@ class Group:
     @property
     def label(self) -> str:
         """How messages name the group: "" for all ranks, "node 1", "ranks [0, 2]"."""
-        if self.key == "w":
+        if self.key in ("w", MADE_KEY):
             return ""
         if self.key.startswith("n"):
             return f"node {self.key[1:]}"

@@ -39,6 +39,7 @@ from .channel import Channel, clone, generation, has_queues
 from .context import Context
 from .ending import register_atexit, retire, wrap_destroy
 from .failures import blamed, report_failure
+from .group import MADE_KEY, Group
 from .hooks import Hooks
 from .liveness import HostJudge, NodeWatch, StoreAnswerWatch, StoreHostWatch, store_silent_after
 from .options import Launch, Options
@@ -46,6 +47,7 @@ from .placement import adopted_topology, read_launch_env
 from .record import FailureRecord
 from .stores import StorePing, channel_beside
 from .verdicts import OUTSIDE
+from .waits import gate
 from .watchdog import Watchdog, WatchdogConfig
 
 log = logging.getLogger("tether")
@@ -113,7 +115,24 @@ def start(
     if ctx.watchdog is not None and isinstance(ctx.watchdog.judge, HostJudge) and ctx.watchdog.store_watch is not None:
         ctx.watchdog.judge.learn()  # every rank registered before the group could be made: the store host's pid
     ctx.hooks.install_excepthooks()  # only now: they must be outermost (see there)
+    _all_made(ctx, setup)
     return ctx
+
+
+def _all_made(ctx: Context, setup: datetime.timedelta | None) -> None:
+    """Wait until every rank's group is made: no rank leaves ``initialize`` before.
+
+    gloo's ``init_process_group`` returned on one rank while its peer was still in the
+    handshake of its connections (torch's ``connectFullMesh``). A job whose rank 0 had
+    nothing to do then finished and closed its side, and its peer's creation failed,
+    "Connection closed by peer": a happy-path job ended as failed ("rank 0 failed:
+    Finished ... while rank 1 waits in init_process_group"; ``tests/jobs/spawn_env.py``,
+    once in a suite's run). One store gate of its own group, so that the job's syncs keep
+    their numbers, under the set-up's timeout: the ranks left the group's creation as far
+    apart as that creation let them.
+    """
+    world = Group(MADE_KEY, tuple(range(ctx.backend.topology.world_size)), None)
+    gate(ctx, world, "initialize", "member", timeout=setup.total_seconds() if setup is not None else None)
 
 
 def _create_group(ctx: Context, native: NativeBackend, store: Store, timeout: datetime.timedelta | None) -> None:
@@ -263,7 +282,9 @@ def initialize(backend: str, **kwargs: Any) -> None:
 
     Under torchrun or srun every setting comes from the environment. Elsewhere pass
     ``rank=`` and ``world_size=`` with an ``init_method``; with none of them the process is
-    a job of one rank (as ignite does).
+    a job of one rank (as ignite does). It returns once every rank's process group is
+    made, never before (one store gate): a rank with nothing to do that finished at once
+    closed connections its peers were still making.
 
     Args:
         backend: "gloo", "nccl" or "mpi".
@@ -278,6 +299,7 @@ def initialize(backend: str, **kwargs: Any) -> None:
     Raises:
         TypeError, ValueError: bad backend or arguments, before any connection.
         RuntimeError: already initialized.
+        PeerFailure: another rank failed before every rank's group was made.
     """
     check_backend(backend)
     timeout = to_timedelta(kwargs.pop("timeout", None))
