@@ -119,7 +119,7 @@ from . import _ckpt_tensors as _tensors
 from . import _randomness, _sharded, collectives, syncs
 from ._core.channel import Channel
 from ._core.failures import report_failure
-from ._core.hooks import Deferred, Hooks, Terminated, child_deaths, holding
+from ._core.hooks import Deferred, Hooks, Terminated, holding
 from ._core.runtime import current
 from ._core.verdicts import failure_behind_raw, failure_behind_stop
 from .errors import PeerFailure, SyncMismatch, SyncTimeout, TetherError
@@ -351,7 +351,7 @@ class Checkpointer:
             # not sent again: it asked this rank to stop, and the peer's failure that goes on
             # from here does stop it (a launcher that still wants it gone SIGKILLs it, as
             # torchrun does after 30 s)
-            with holding([signal.SIGTERM, *child_deaths()]):  # and a DataLoader's dying workers
+            with holding([signal.SIGTERM]):  # and so a DataLoader's dying workers (``hooks.stopping``)
                 self._emergency(exc, epoch, iteration)
 
     def wait(self) -> None:

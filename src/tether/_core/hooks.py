@@ -117,10 +117,11 @@ def holding(signals: list[signal.Signals]) -> Iterator[list[int]]:
 def child_deaths() -> list[signal.Signals]:
     """SIGCHLD, where a Python handler takes it: a DataLoader's (torch's), which raises a
     RuntimeError in the main thread when one of its workers dies. A stop sent to the job's
-    whole process group (``scancel``) ends those workers too, and that error cut short what
-    the rank does as it stops (the query behind the stop, the emergency save). Hold it
-    there (``holding``); the loader is not used again. A disposition of SIG_DFL or SIG_IGN
-    is left alone (SIG_IGN makes the kernel reap the children)."""
+    whole process group (``scancel``, torchrun's) ends those workers too, and that error cut
+    short what the rank does as it stops (the query behind the stop, the emergency save).
+    A SIGTERM that tether's handlers take drops it for good (``stopping``); a failure's post
+    holds it where the SIGTERM handler is the user's (``Hooks.posting``). A disposition of
+    SIG_DFL or SIG_IGN is left alone (SIG_IGN makes the kernel reap the children)."""
     return [signal.SIGCHLD] if callable(signal.getsignal(signal.SIGCHLD)) else []
 
 
@@ -131,11 +132,13 @@ def stopping(signum: int) -> None:
     """A SIGTERM came (each handler of tether's that takes one calls this, in the main
     thread): from here on a child's death is dropped (``child_deaths``), for good.
 
-    The holds around the query and the save came too late where the stop was put off: a
-    SIGTERM inside an optimizer's step waits for the step's end (``Deferred``), and torch's
-    error about the loaders' workers, which the same stop ended, came meanwhile, inside the
-    step, as the rank's own failure (``tests/jobs/dataloader_stop.py in-step``: "saved no
-    emergency checkpoint: the failure came in the middle of optimizer.step()")."""
+    Here, not in holds around what the rank does as it stops: a SIGTERM inside an
+    optimizer's step waits for the step's end (``Deferred``), and torch's error about the
+    loaders' workers, which the same stop ended, came meanwhile, inside the step, as the
+    rank's own failure (``tests/jobs/dataloader_stop.py in-step``: "saved no emergency
+    checkpoint: the failure came in the middle of optimizer.step()"). Python runs pending
+    handlers in signal order, SIGTERM (15) before SIGCHLD (17), and a worker's death comes
+    after the stop that ended it."""
     global _stopping
     if signum != signal.SIGTERM:
         return  # Ctrl-C: a loader's workers take it as a KeyboardInterrupt and exit cleanly

@@ -301,9 +301,7 @@ def _group_ranks(
             peer = _peer(given.get(rank), group, given.get(group_rank)) if p2p else None
             if peer is not None:
                 return tuple(sorted({dist.get_rank(), peer}))
-        if group is None or group is dist.group.WORLD:
-            return None
-        return tuple(dist.get_process_group_ranks(group))
+        return _ranks_of(group)
     except Exception:  # a bad argument torch already refused, a group of another kind
         return None
 
@@ -313,9 +311,14 @@ def _members(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[s
 
     Raises what torch raises for a group it does not know (the caller answers None).
     """
-    group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+    ranks = _ranks_of(signature.bind_partial(*args, **kwargs).arguments.get("group"))
+    return tuple(range(dist.get_world_size())) if ranks is None else ranks
+
+
+def _ranks_of(group: Any) -> tuple[int, ...] | None:
+    """The global ranks of ``group``; None for the default group (all ranks)."""
     if group is None or group is dist.group.WORLD:
-        return tuple(range(dist.get_world_size()))
+        return None
     return tuple(dist.get_process_group_ranks(group))
 
 

@@ -20,7 +20,6 @@ from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherEr
 from .channel import ROOT_WAIT
 from .context import Context
 from .group import Group, tag
-from .hooks import child_deaths, holding
 from .record import KIND_FINISHED, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
@@ -291,14 +290,14 @@ def failure_behind_stop(ctx: Context) -> TetherError | None:
     neither answers within ``answer_within`` nor left cleanly is posted as lost. Runs on
     the main thread after the signal's exception left the handler, never inside it.
 
-    A DataLoader's worker that a stop to the whole process group ended is held off meanwhile
-    (``hooks.child_deaths``): its error cut this query short ("could not tell whether a
-    peer's failure caused this SIGTERM: DataLoader worker (pid ...) is killed by signal").
+    A DataLoader's worker that a stop to the whole process group ended cannot cut this query
+    short ("could not tell whether a peer's failure caused this SIGTERM: DataLoader worker
+    (pid ...) is killed by signal"): the handler that raised ``Terminated`` dropped child
+    deaths for good (``hooks.stopping``).
     """
     if ctx.watchdog is None or ctx.channel is None:
         return None
-    with holding(child_deaths()):
-        return _failure_behind_stop(ctx)
+    return _failure_behind_stop(ctx)
 
 
 def _failure_behind_stop(ctx: Context) -> TetherError | None:
