@@ -102,26 +102,26 @@ def kill_in_save(kind: str, step: int) -> None:
     """Fault injection: SIGKILL rank 0 in the middle of writing a checkpoint (first attempt only).
 
     Wraps the Checkpointer's writer: ``state.pt`` is written, the manifest not yet. ``part``:
-    SIGKILL rank 1 as its writer thread starts on its part of the periodic save of ``step``.
+    SIGKILL rank 1 as it starts its part of the periodic save of ``step`` (it writes none).
     """
     from tether import checkpoint
 
     if kind == "part":
-        write_part = checkpoint.Checkpointer._write_part
+        save_async = checkpoint.Checkpointer._save_async
 
-        def part(self: checkpoint.Checkpointer, save: Any, released: Any) -> None:
-            if save.position.step == step and tether.get_rank() == 1:
-                # once rank 0's writer has begun its own part: torchrun's SIGTERM came 0.1 s
-                # after this death, and rank 0, slower under load, took it before it started
-                # that writer; it then saved the emergency checkpoint with no periodic save to
-                # abandon, and the test, which checks that abandoning, failed (1 run in ~12)
+        def part(self: checkpoint.Checkpointer, position: Any, randomness: Any, tmp: Path, parts: int) -> None:
+            if position.step == step and tether.get_rank() == 1:
+                # on the main thread, once rank 0's writer has begun its own part: torchrun's
+                # SIGTERM comes 0.1 s after this death, and rank 0, slower under load, took it
+                # before it started that writer (no periodic save to abandon: 1 run in ~12).
+                # Killed in its own writer, after that wait, rank 1 trained step 9 meanwhile
                 deadline = time.monotonic() + 10.0
-                while not (save.tmp / "tensors.bin").exists() and time.monotonic() < deadline:
+                while not (tmp / "tensors.bin").exists() and time.monotonic() < deadline:
                     time.sleep(0.002)
                 os.kill(os.getpid(), signal.SIGKILL)
-            write_part(self, save, released)
+            save_async(self, position, randomness, tmp, parts)
 
-        checkpoint.Checkpointer._write_part = part  # type: ignore[method-assign]
+        checkpoint.Checkpointer._save_async = part  # type: ignore[method-assign]
         return
     original = checkpoint.torch.save
 
