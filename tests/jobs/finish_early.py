@@ -13,6 +13,7 @@ all_reduce with ``--collective``. Rank 0 must raise ``PeerFinished`` naming rank
 With ``exit2`` rank 0 starts its wait once rank 1's exit functions have run (a file
 says so): torchrun's SIGTERM then reaches rank 0 about when its first check of finished
 ranks would (0.5 s into the wait), and the story must not depend on which comes first.
+``FINISH_EARLY_SLOW_EXIT=S`` makes rank 1's teardown after them last S seconds more.
 """
 
 import atexit
@@ -35,8 +36,20 @@ def _exited() -> None:  # registered before tether's: runs after tether's exit f
         pass
 
 
+class _SlowTeardown:
+    """Python's teardown of rank 1 lasts ``FINISH_EARLY_SLOW_EXIT`` seconds more (a loaded
+    machine's): this object's ``__del__`` runs as the interpreter clears the module."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.sleep = seconds, time.sleep
+
+    def __del__(self) -> None:
+        self.sleep(self.seconds)
+
+
 if HOW == "exit2" and os.environ.get("RANK") == "1":
     atexit.register(_exited)
+    _slow = _SlowTeardown(float(os.environ.get("FINISH_EARLY_SLOW_EXIT", "0")))
 
 
 def fn(local_rank: int) -> None:

@@ -53,13 +53,15 @@ import atexit
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
-from ..errors import ExitCode, TetherError
+from ..errors import ExitCode, PeerFinished, TetherError
 from . import descendants
 from .record import first_line
 
@@ -228,6 +230,32 @@ def end_process(code: int) -> None:
     with contextlib.suppress(Exception):
         descendants.terminate()
     os._exit(code)
+
+
+FINISHING = 2.0  # seconds a victim waits for a peer that finished, on its host, to be gone
+
+
+def after_finished_peer(shown: BaseException) -> None:
+    """A victim of a peer that finished on this host (``PeerFinished``) waits until that
+    peer's process is gone, at most ``FINISHING`` seconds, before it exits itself.
+
+    The peer is in Python's teardown (its ``sys.exit(2)`` reached the top, and its code is
+    not to be seen there, so tether cannot end it sooner). The victim, ended in
+    milliseconds, exited first; torchrun then SIGTERMed the peer in the middle of its
+    teardown, and its report gave the root cause "exitcode: -15", not its own 2
+    (``tests/test_finish_early.py`` [exit2], in about one suite run of three). The job ends
+    no later: it ends with that peer's exit. A stop meanwhile ends this rank at once
+    (``_on_signal_while_ending``).
+    """
+    if not isinstance(shown, PeerFinished) or shown.pid <= 0 or shown.pid == os.getpid():
+        return
+    from .liveness import process_state  # (liveness imports the channel; hooks stays below it)
+
+    if shown.host != socket.gethostname():
+        return
+    deadline = time.monotonic() + FINISHING
+    while process_state(shown.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -455,6 +483,7 @@ class Hooks:
         if not self._stop_pending:
             _ending.set()
             atexit._run_exitfuncs()
+            after_finished_peer(shown)
         end_process(exit_code_for(shown))
 
     def end_uncaught(self, exc: BaseException) -> None:

@@ -158,14 +158,19 @@ def left_behind(ctx: Context, client: Store, group: Group, seq: int, call: str) 
     for rank, (how, seqs) in sorted(channel.finished(client).items()):
         if rank in group.members and rank != channel.rank and seqs.get(group.key, 0) < seq:
             if channel.claim_loss(rank, client):
-                ctx.watchdog.post_and_deliver([finished_record(channel.rank, rank, how, call)], client)
+                ctx.watchdog.post_and_deliver([finished_record(ctx, rank, how, call)], client)
             else:
                 ctx.watchdog.wait_for_failure(ROOT_WAIT)  # another waiter won the claim: its post is coming
             return
 
 
-def finished_record(me: int, rank: int, how: str, call: str) -> FailureRecord:
-    return lost_record(rank, f"it {how} while rank {me} waits in {call}", me, kind=KIND_FINISHED, exc_type="Finished")
+def finished_record(ctx: Context, rank: int, how: str, call: str) -> FailureRecord:
+    """``rank`` finished while this rank waits in ``call``; placed as it registered, so that a
+    victim on its host can wait for its exit (``hooks.after_finished_peer``)."""
+    assert ctx.channel is not None
+    me = ctx.channel.rank
+    message = f"it {how} while rank {me} waits in {call}"
+    return lost_record(rank, message, me, kind=KIND_FINISHED, exc_type="Finished", **_placed(ctx, rank))
 
 
 def mismatch_of(ctx: Context, group: Group, calls: dict[int, str]) -> TetherError:
@@ -231,7 +236,7 @@ def explain_backend_error(ctx: Context, group: Group, exc: BaseException) -> Tet
     if silent[0] in finished:  # it left cleanly: its process ended, and the backend's connections with it
         how = finished[silent[0]][0]
         call = ctx.watchdog.current_call or "a torch.distributed call"
-        record = finished_record(ctx.channel.rank, silent[0], how, call)
+        record = finished_record(ctx, silent[0], how, call)
         return post_and_pick(ctx, record, error_from_record(record))
     record = lost_record(
         silent[0], f"its process stopped answering (the backend said: {str(exc).splitlines()[0]})", ctx.channel.rank
