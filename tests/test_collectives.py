@@ -19,7 +19,13 @@ from _harness import python, torchrun
 
 @pytest.mark.timeout(TEST_TIMEOUT)
 @pytest.mark.parametrize(
-    ("launcher", "world", "check"), [("spawn", 4, False), ("init", 2, False), ("spawn", 4, True), ("init", 2, True)]
+    ("launcher", "world", "check"),
+    [
+        ("spawn", 4, False),
+        pytest.param("init", 2, False, marks=pytest.mark.full),
+        pytest.param("spawn", 4, True, marks=pytest.mark.full),
+        ("init", 2, True),
+    ],
 )
 def test_every_collective_round_trips_every_type_on_gloo(launcher: str, world: int, check: bool) -> None:
     """``check``: with ``check_collectives``, whose frames carry calls of up to 4 KiB a rank themselves."""

@@ -144,6 +144,7 @@ def test_a_rank_reinitializing_on_the_same_port_after_destroy_waits_until_a_slow
     check_cycles(res, ("env",))
 
 
+@full  # default: the same rounds on env://, tcp:// and file:// (above)
 @pytest.mark.timeout(180)
 def test_initialize_and_finalize_three_times_under_torchrun_where_the_agent_store_outlives_rounds() -> None:
     res = torchrun("lifecycle_cycles.py", "torchrun", "tether", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})

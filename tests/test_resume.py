@@ -117,7 +117,7 @@ def _resume_job(out: Path, launcher: str, *args: str) -> Result:
         ("torchrun", "launcher"),
         ("spawn", "launcher"),
         pytest.param("torchrun", "group", marks=pytest.mark.full),
-        ("spawn", "group"),
+        pytest.param("spawn", "group", marks=pytest.mark.full),  # default: the group stop of dataloaders_dying
     ],
 )
 def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
@@ -154,7 +154,7 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
 
 
 @pytest.mark.timeout(BOUND + 60)
-@pytest.mark.parametrize("when", ["between", "in-step"])
+@pytest.mark.parametrize("when", [pytest.param("between", marks=pytest.mark.full), "in-step"])
 def test_a_stop_to_the_process_group_saves_despite_the_dataloaders_dying_workers(tmp_path: Path, when: str) -> None:
     job = [sys.executable, str(JOBS / "dataloader_stop.py"), str(tmp_path), when]
     res = run(job, BOUND, env={"OMP_NUM_THREADS": "1"})
@@ -222,7 +222,11 @@ LATE = {  # how the failure's notice overtakes a survivor's all-reduce: flags ->
 
 @pytest.mark.timeout(2 * BOUND + 60)
 @pytest.mark.parametrize(
-    "late", ["result", "registration", "result-after-sigterm", pytest.param("both", marks=pytest.mark.full)]
+    "late",
+    [
+        "result",
+        *(pytest.param(late, marks=pytest.mark.full) for late in ("registration", "result-after-sigterm", "both")),
+    ],
 )
 def test_a_survivor_whose_all_reduce_comes_after_the_failure_notice_still_saves_the_step_its_peer_finished(
     reference: Path, tmp_path: Path, late: str
@@ -269,7 +273,7 @@ def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: 
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
-@pytest.mark.parametrize("rank_0", ["in a wait", "in its own code"])
+@pytest.mark.parametrize("rank_0", ["in a wait", pytest.param("in its own code", marks=pytest.mark.full)])
 def test_a_rank_killed_before_its_part_of_a_periodic_save_leaves_rank_0_free_to_save_the_emergency_one(
     reference: Path, tmp_path: Path, rank_0: str
 ) -> None:
@@ -325,6 +329,7 @@ def test_the_emergency_saver_killed_mid_save_falls_back_to_the_last_periodic_sav
     assert res.leftovers == []
 
 
+@pytest.mark.full  # default: test_train_example.py's run under spawn with max_restarts
 @pytest.mark.timeout(2 * BOUND + 60)
 def test_spawn_max_restarts_resumes_from_the_emergency_checkpoint_exactly(reference: Path, tmp_path: Path) -> None:
     res = run(
@@ -543,7 +548,7 @@ def test_the_lowest_surviving_rank_writes_the_emergency_checkpoint(tmp_path: Pat
 
 
 @pytest.mark.timeout(BOUND + 60)
-@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+@pytest.mark.parametrize("launcher", [pytest.param("spawn", marks=pytest.mark.full), "torchrun"])
 def test_a_periodic_save_at_the_last_step_is_complete_when_the_job_ends(launcher: str, tmp_path: Path) -> None:
     if launcher == "spawn":
         res = _harness.python("checkpoint_cases.py", "last", str(tmp_path), bound=BOUND)

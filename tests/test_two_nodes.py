@@ -104,7 +104,7 @@ def test_one_rank_first_local_waits_per_node(launcher: str) -> None:
     assert_nothing_left(result, evs)
 
 
-@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_failure_on_node_1_reaches_node_0(launcher: str, capsys: pytest.CaptureFixture[str]) -> None:
     result, evs = run(launcher, "raise")
     assert result.returncode not in (None, 0), result.output[-4000:]  # ended within its bound, failed
@@ -128,7 +128,7 @@ def test_failure_on_node_1_reaches_node_0(launcher: str, capsys: pytest.CaptureF
     assert_nothing_left(result, evs)
 
 
-@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+@pytest.mark.parametrize("launcher", [pytest.param("spawn", marks=pytest.mark.full), "torchrun"])
 def test_a_stall_on_node_1_is_placed_by_host_and_pid_on_node_0(launcher: str) -> None:
     result, evs = run(launcher, "stall")
     assert result.returncode not in (None, 0), result.output[-4000:]  # ended, within its bound, failed
