@@ -10,17 +10,22 @@ process of the job by scanning /proc for the tag.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -149,6 +154,29 @@ def torchrun(
         *script_args,
     ]
     return run(args, bound, env)
+
+
+def made_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """A directory ``make`` fills once per test session, shared by pytest-xdist's workers.
+
+    Each worker has its own base temporary directory; their parent is the session's (under
+    xdist only: without it, the parent is shared by every past session). The first worker
+    to take the lock makes it; the others wait, then find it done.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        out = factory.mktemp(name)
+        make(out)
+        return out
+    root = factory.getbasetemp().parent
+    out = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / ".made").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a maker that failed part-way
+            out.mkdir()
+            make(out)
+            (out / ".made").touch()
+    return out
 
 
 def free_port() -> int:

@@ -187,7 +187,7 @@ def test_a_stop_that_lands_in_finalize_after_a_failure_ends_the_rank_with_the_fa
     assert res.leftovers == []
 
 
-@pytest.mark.parametrize("where", ["stopped", "raised"])
+@pytest.mark.parametrize("where", ["stopped", pytest.param("raised", marks=pytest.mark.full)])
 def test_a_rank_still_in_initialize_when_its_peer_fails_ends_with_the_peers_failure(where: str) -> None:
     env = {"OMP_NUM_THREADS": "1", "STOP_AT": where}
     start = time.monotonic()

@@ -60,10 +60,13 @@ def weights(out: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("reference")
-    res = torchrun(out, restarts=0)
-    assert res.returncode == 0, res.output[-3000:]
-    return out
+    """The uninterrupted run, made once per test session (not once per xdist worker: 12-20 s each)."""
+
+    def make(out: Path) -> None:
+        res = torchrun(out, restarts=0)
+        assert res.returncode == 0, res.output[-3000:]
+
+    return _harness.made_once(tmp_path_factory, "reference", make)
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
@@ -115,7 +118,7 @@ def _resume_job(out: Path, launcher: str, *args: str) -> Result:
     ("launcher", "to"),
     [
         ("torchrun", "launcher"),
-        ("spawn", "launcher"),
+        pytest.param("spawn", "launcher", marks=pytest.mark.full),  # default: dataloaders_dying's spawn job
         pytest.param("torchrun", "group", marks=pytest.mark.full),
         pytest.param("spawn", "group", marks=pytest.mark.full),  # default: the group stop of dataloaders_dying
     ],
