@@ -280,10 +280,11 @@ def test_rank_0_killed_while_it_writes_a_periodic_save_costs_no_step(reference: 
 def test_a_rank_killed_before_its_part_of_a_periodic_save_leaves_rank_0_free_to_save_the_emergency_one(
     reference: Path, tmp_path: Path, rank_0: str
 ) -> None:
-    # the periodic save of step 8 is split: rank 1 is SIGKILLed as its writer starts its
-    # part. Rank 0's writer waits for that part; the failure's notice must end that wait,
-    # else the emergency save (which waits for the writer) would wait with it, and torchrun's
-    # SIGKILL 30 s later would leave only step 4 to resume from. "in its own code": rank 0
+    # the periodic save of step 8 is split: rank 1 is SIGKILLed as it starts its part, once
+    # rank 0's writer has begun its own (resume_job.py). Rank 0's writer waits for that
+    # part; the failure's notice must end that wait, else the emergency save (which waits
+    # for the writer) would wait with it, and torchrun's SIGKILL 30 s later would leave
+    # only step 4 to resume from. "in its own code": rank 0
     # sleeps 1 s before its forward of step 9, so torchrun's SIGTERM (0.1 s after rank 1
     # died) comes there, before any tether call learnt of the death (seen in a fresh clone
     # under load: rank 0 then ended without a word, its exit waiting on that writer)

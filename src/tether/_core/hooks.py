@@ -243,9 +243,10 @@ def after_finished_peer(shown: BaseException) -> None:
     not to be seen there, so tether cannot end it sooner). The victim, ended in
     milliseconds, exited first; torchrun then SIGTERMed the peer in the middle of its
     teardown, and its report gave the root cause "exitcode: -15", not its own 2
-    (``tests/test_finish_early.py`` [exit2], in about one suite run of three). The job ends
-    no later: it ends with that peer's exit. A stop meanwhile ends this rank at once
-    (``_on_signal_while_ending``).
+    (``tests/test_finish_early.py`` [exit2]: three suite runs of this week). The job ends
+    no later: it ends with that peer's exit; but where a non-daemon thread keeps the
+    peer's process alive, this rank exits ``FINISHING`` seconds later. A stop meanwhile
+    ends this rank at once (``_on_signal_while_ending``).
     """
     if not isinstance(shown, PeerFinished) or shown.pid <= 0 or shown.pid == os.getpid():
         return
