@@ -319,14 +319,18 @@ class Channel:
             time.sleep(poll)
         return True
 
-    def leave(self, how: str = "called finalize()", seqs: Mapping[str, int] | None = None) -> int:
+    def leave(
+        self, how: str = "called finalize()", seqs: Mapping[str, int] | None = None, lingers: bool = False
+    ) -> int:
         """Record that this rank finished cleanly; returns how many have.
 
         ``how`` says it for people ("returned from the function"); ``seqs`` is this rank's
         last sync number per group, so that a rank still waiting in sync ``s`` of a group
-        can tell a finished rank that never reached ``s`` (``finished``) from one that did.
+        can tell a finished rank that never reached ``s`` (``finished``) from one that did;
+        ``lingers``: its process does not end with it (a non-daemon thread runs on).
         """
-        self.mark_done("left " + json.dumps({"how": how, "seqs": dict(seqs or {})}, separators=(",", ":")))
+        told = {"how": how, "seqs": dict(seqs or {}), "lingers": lingers}
+        self.mark_done("left " + json.dumps(told, separators=(",", ":")))
         self._store.append(self.key("left", "ranks"), f"{self.rank},")  # type: ignore[attr-defined]
         return int(self._store.add(self.key("left", "n"), 1))
 
@@ -359,8 +363,8 @@ class Channel:
         data = json.loads(store.get(key).decode())
         return str(data["state"]), float(data["budget"])
 
-    def finished(self, client: Store | None = None) -> dict[int, tuple[str, dict[str, int]]]:
-        """The ranks that finished cleanly: rank -> (how, last sync number per group)."""
+    def finished(self, client: Store | None = None) -> dict[int, tuple[str, dict[str, int], bool]]:
+        """The ranks that finished cleanly: rank -> (how, last sync number per group, lingers)."""
         store, key = client or self._store, self.key("left", "ranks")
         if not store.check([key]):
             return {}
@@ -369,5 +373,6 @@ class Channel:
             if item:
                 done = self.done(int(item), store) or ""
                 info = json.loads(done[len("left ") :]) if done.startswith("left {") else {}
-                found[int(item)] = (str(info.get("how", "finished")), dict(info.get("seqs", {})))
+                how, seqs = str(info.get("how", "finished")), dict(info.get("seqs", {}))
+                found[int(item)] = (how, seqs, bool(info.get("lingers")))
         return found

@@ -143,10 +143,10 @@ def _main_thread_ended(pid: int) -> None:
     if ctx.hooks is not None:
         ctx.hooks.main_thread_ended()
     ctx.leaving = f"ended its main thread without finalize() (its process waits for thread(s) {', '.join(running)})"
-    _record_leave(ctx)
+    _record_leave(ctx, lingers=True)
 
 
-def _record_leave(ctx: Context) -> None:
+def _record_leave(ctx: Context, lingers: bool = False) -> None:
     """Record this rank's clean exit (``ctx.leaving``), once, unless it failed.
 
     A store whose host announced its retirement (it destroyed first) may be gone: a torch
@@ -155,7 +155,7 @@ def _record_leave(ctx: Context) -> None:
     assert ctx.channel is not None and ctx.watchdog is not None
     with contextlib.suppress(Exception):
         if not ctx.left and not ctx.failed and not ctx.watchdog.store_going:
-            ctx.channel.leave(ctx.leaving, ctx.seqs)
+            ctx.channel.leave(ctx.leaving, ctx.seqs, lingers)
             ctx.left = True
 
 

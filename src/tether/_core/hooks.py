@@ -232,7 +232,7 @@ def end_process(code: int) -> None:
     os._exit(code)
 
 
-FINISHING = 2.0  # seconds a victim waits for a peer that finished, on its host, to be gone
+FINISHING = 5.0  # seconds a victim waits for a peer that finished, on its host, to be gone
 
 
 def after_finished_peer(shown: BaseException) -> None:
@@ -244,12 +244,16 @@ def after_finished_peer(shown: BaseException) -> None:
     milliseconds, exited first; torchrun then SIGTERMed the peer in the middle of its
     teardown, and its report gave the root cause "exitcode: -15", not its own 2
     (``tests/test_finish_early.py`` [exit2]: three suite runs of this week). The job ends
-    no later: it ends with that peer's exit; but where a non-daemon thread keeps the
-    peer's process alive, this rank exits ``FINISHING`` seconds later. A stop meanwhile
-    ends this rank at once (``_on_signal_while_ending``).
+    no later: it ends with that peer's exit. Not where a non-daemon thread keeps the peer's
+    process alive (its record ``lingers``: ``ending._main_thread_ended``): waiting there
+    made the peer's own ladder end it (exit 6) before the launcher's SIGTERM. A stop
+    meanwhile ends this rank at once (``_on_signal_while_ending``). 2 s was too short in a
+    loaded fresh-clone run, for a teardown made 1.5 s longer than Python's own (the test's).
     """
     if not isinstance(shown, PeerFinished) or shown.pid <= 0 or shown.pid == os.getpid():
         return
+    if shown.record.detail.get("lingers"):
+        return  # a non-daemon thread keeps it alive: the launcher's stop is what ends it
     from .liveness import process_state  # (liveness imports the channel; hooks stays below it)
 
     if shown.host != socket.gethostname():

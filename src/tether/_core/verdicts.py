@@ -155,22 +155,26 @@ def left_behind(ctx: Context, client: Store, group: Group, seq: int, call: str) 
     """
     assert ctx.channel is not None and ctx.watchdog is not None
     channel = ctx.channel
-    for rank, (how, seqs) in sorted(channel.finished(client).items()):
+    for rank, (how, seqs, lingers) in sorted(channel.finished(client).items()):
         if rank in group.members and rank != channel.rank and seqs.get(group.key, 0) < seq:
             if channel.claim_loss(rank, client):
-                ctx.watchdog.post_and_deliver([finished_record(ctx, rank, how, call)], client)
+                ctx.watchdog.post_and_deliver([finished_record(ctx, rank, how, call, lingers)], client)
             else:
                 ctx.watchdog.wait_for_failure(ROOT_WAIT)  # another waiter won the claim: its post is coming
             return
 
 
-def finished_record(ctx: Context, rank: int, how: str, call: str) -> FailureRecord:
+def finished_record(ctx: Context, rank: int, how: str, call: str, lingers: bool) -> FailureRecord:
     """``rank`` finished while this rank waits in ``call``; placed as it registered, so that a
-    victim on its host can wait for its exit (``hooks.after_finished_peer``)."""
+    victim on its host can wait for its exit, unless its process ``lingers`` in a thread
+    (``hooks.after_finished_peer``)."""
     assert ctx.channel is not None
     me = ctx.channel.rank
     message = f"it {how} while rank {me} waits in {call}"
-    return lost_record(rank, message, me, kind=KIND_FINISHED, exc_type="Finished", **_placed(ctx, rank))
+    record = lost_record(rank, message, me, kind=KIND_FINISHED, exc_type="Finished", **_placed(ctx, rank))
+    if lingers:
+        record.detail["lingers"] = True
+    return record
 
 
 def mismatch_of(ctx: Context, group: Group, calls: dict[int, str]) -> TetherError:
@@ -234,9 +238,9 @@ def explain_backend_error(ctx: Context, group: Group, exc: BaseException) -> Tet
         return BackendError(f"{type(exc).__name__}: {exc}")
     finished = ctx.channel.finished()
     if silent[0] in finished:  # it left cleanly: its process ended, and the backend's connections with it
-        how = finished[silent[0]][0]
+        how, _, lingers = finished[silent[0]]
         call = ctx.watchdog.current_call or "a torch.distributed call"
-        record = finished_record(ctx, silent[0], how, call)
+        record = finished_record(ctx, silent[0], how, call, lingers)
         return post_and_pick(ctx, record, error_from_record(record))
     record = lost_record(
         silent[0], f"its process stopped answering (the backend said: {str(exc).splitlines()[0]})", ctx.channel.rank
