@@ -276,13 +276,13 @@ class Channel:
         self._store.append(self.key("placed"), f"{self.rank} {pid} {host},")  # type: ignore[attr-defined]
         self._store.add(self.key("q", "n"), 0)
 
-    def placed(self, rank: int) -> tuple[str, int] | None:
+    def placed(self, rank: int, client: Store | None = None) -> tuple[str, int] | None:
         """``(host, pid)`` of ``rank`` as it registered (one store read); None if it did not.
 
         For a failure posted by another rank than the one it names (a timeout's staller,
         posted by a rank that waited for it): the report says where to look.
         """
-        return self._registered().get(rank)
+        return self._registered(client).get(rank)
 
     def host_pids(self, host: str, client: Store | None = None) -> dict[int, int]:
         """rank -> pid of the ranks registered on ``host`` so far (one store read)."""

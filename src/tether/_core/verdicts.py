@@ -98,12 +98,13 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
     return post_and_pick(ctx, record, own)
 
 
-def _placed(ctx: Context, rank: int) -> dict[str, Any]:
-    """``host`` and ``pid`` of ``rank`` for its record: its own, or as it registered."""
+def _placed(ctx: Context, rank: int, client: Store | None = None) -> dict[str, Any]:
+    """``host`` and ``pid`` of ``rank`` for its record: its own, or as it registered (read on
+    ``client``, the calling thread's connection, when given)."""
     assert ctx.channel is not None
     if rank == ctx.channel.rank:
         return {"host": socket.gethostname(), "pid": os.getpid()}
-    found = ctx.channel.placed(rank)
+    found = ctx.channel.placed(rank, client)
     return {"host": found[0], "pid": found[1]} if found is not None else {"host": "", "pid": 0}
 
 
@@ -158,20 +159,22 @@ def left_behind(ctx: Context, client: Store, group: Group, seq: int, call: str) 
     for rank, (how, seqs, lingers) in sorted(channel.finished(client).items()):
         if rank in group.members and rank != channel.rank and seqs.get(group.key, 0) < seq:
             if channel.claim_loss(rank, client):
-                ctx.watchdog.post_and_deliver([finished_record(ctx, rank, how, call, lingers)], client)
+                ctx.watchdog.post_and_deliver([finished_record(ctx, rank, how, call, lingers, client)], client)
             else:
                 ctx.watchdog.wait_for_failure(ROOT_WAIT)  # another waiter won the claim: its post is coming
             return
 
 
-def finished_record(ctx: Context, rank: int, how: str, call: str, lingers: bool) -> FailureRecord:
+def finished_record(
+    ctx: Context, rank: int, how: str, call: str, lingers: bool, client: Store | None = None
+) -> FailureRecord:
     """``rank`` finished while this rank waits in ``call``; placed as it registered, so that a
     victim on its host can wait for its exit, unless its process ``lingers`` in a thread
-    (``hooks.after_finished_peer``)."""
+    (``hooks.after_finished_peer``). ``client``: the keeper's own connection, where it asks."""
     assert ctx.channel is not None
     me = ctx.channel.rank
     message = f"it {how} while rank {me} waits in {call}"
-    record = lost_record(rank, message, me, kind=KIND_FINISHED, exc_type="Finished", **_placed(ctx, rank))
+    record = lost_record(rank, message, me, kind=KIND_FINISHED, exc_type="Finished", **_placed(ctx, rank, client))
     if lingers:
         record.detail["lingers"] = True
     return record
