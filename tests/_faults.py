@@ -48,6 +48,10 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
     rooted      as ``chain``, but the partner waits in a raw ``dist.reduce`` to itself
                 (``dst=partner``): a collective's root is not its only peer, the victim
                 is the one that did not arrive
+    made        the victim is in user code; the others make a group of every rank with a
+                raw ``dist.new_group``, where gloo waits in C++ on the store for the
+                victim's address (tether's gate before it: ``_core/making.py``; a stall
+                row's timeout is the job's ``sync_timeout``)
 
 Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
 marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
@@ -84,7 +88,7 @@ FAILURES = (
     "sigint",
     "term_launcher",
 )
-PLACES = ("first", "waiting", "collective", "outside", "backward", "ddp_hand", "chain", "p2p", "rooted")
+PLACES = ("first", "waiting", "collective", "outside", "backward", "ddp_hand", "chain", "p2p", "rooted", "made")
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 START_LINE = 120.0  # seconds the first barrier waits for the last rank to start
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
@@ -114,7 +118,7 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted")  # raw waits know no timeout= of their own
+        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "made")  # raw waits know no timeout= of their own
         if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
@@ -337,6 +341,18 @@ def run_case(case: Case) -> None:
             idist.barrier(timeout=timeout)
         else:
             _value(rank, timeout)
+        idist.barrier(timeout=timeout)
+        return
+
+    if case.place == "made":
+        import torch.distributed as dist
+
+        if me_victim:
+            seq.wait(f"in/{r}" for r in others)
+            time.sleep(SETTLE)
+            inject(case, rank)
+        seq.mark(f"in/{rank}")
+        dist.new_group(list(range(world)))  # every rank's, the victim's too: gloo waits for its address
         idist.barrier(timeout=timeout)
         return
 

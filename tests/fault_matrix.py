@@ -251,6 +251,11 @@ ROWS: list[Row] = [
     # F5 behind a collective with a root: the partner waits in dist.reduce to itself
     stall("rooted", "initialize", 2, 1, bound=B),
     stall("rooted", "spawn", 4, 3, bound=B, full=True),
+    # A member fails before a group's creation: the others wait in gloo's rendezvous, in C++
+    raise_("F2", "made", "spawn", 3, 1, bound=B, detect=PUSH),
+    stall("made", "initialize", 3, 2, bound=B),
+    death("sigkill", "made", "initialize", 4, 3, bound=B, detect=WHEREABOUTS, full=True),
+    freeze("made", "spawn", 4, 2, bound=B, detect=HEARTBEAT, full=True),
     # F6: mismatched syncs
     mismatch("barrier", "spawn", 4, 2, bound=B, detect=None, full=True),
     mismatch("first", "initialize", 4, 1, bound=B, detect=None),

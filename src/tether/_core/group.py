@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MADE_KEY = "made"  # every rank, in initialize's one gate (``runtime._all_made``), apart from the job's syncs
+MAKING_KEY = "mk"  # the members of a group the user makes, at its gate (``making.py``); + their ranks if not all
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class Group:
     @property
     def label(self) -> str:
         """How messages name the group: "" for all ranks, "node 1", "ranks [0, 2]"."""
-        if self.key in ("w", MADE_KEY):
+        if self.key in ("w", MADE_KEY, MAKING_KEY):
             return ""
         if self.key.startswith("n"):
             return f"node {self.key[1:]}"

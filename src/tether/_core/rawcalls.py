@@ -58,7 +58,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import TetherError
-from . import context, lent, nccl
+from . import context, lent, making, nccl
 from .group import Group
 from .hooks import Terminated
 from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, warn_stall
@@ -278,6 +278,7 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def makes_group(*args: Any, **kwargs: Any) -> Any:
+        making.arrive(name, signature, args, kwargs)  # every rank that must come is there (making.py)
         ctx = context.peek()
         with nccl.error_handling(ctx.backend.backend() if ctx is not None else None):
             return run_outside(call, bounded, *args, **kwargs)

@@ -1,0 +1,145 @@
+"""What tether's gate before a group's creation costs: ``dist.new_group`` with and without it.
+
+Usage::
+
+    python benchmarks/group_gate.py                  # 2 and 4 ranks, ~1-2 minutes
+    python benchmarks/group_gate.py --ranks 2 --rounds 5
+
+One torchrun job per world size; each rank calls ``tether.initialize("gloo")``. While tether
+runs, ``dist.new_group`` is its wrapper: the members' store gate (``_core/making.py``),
+then torch's function, named as a raw call (``rawcalls.py``). Contenders, in the same
+processes, each making ``--per`` groups of every rank in a row per round:
+
+* ``torch``: torch's own ``new_group`` (``rawcalls._originals``), as without tether;
+* ``tether``: ``dist.new_group``, the wrapper;
+* ``gate alone``: the gate the wrapper passes first (``making.arrive``), without a creation.
+
+Each round runs them in an order shuffled the same way on every rank, each behind an
+untimed ``dist.barrier()``; the groups made are destroyed after their batch, untimed. A
+batch's figure is the slowest rank's time divided by ``--per``; the table gives the median
+over rounds with its interquartile range, and the ratio tether/torch is the median of the
+per-round ratios with their quartiles. Writes ``--out`` (default
+``benchmarks/results/group-gate.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+CONTENDERS = ("torch", "tether", "gate alone")
+
+
+def worker(rounds: int, per: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import tether
+    from tether._core import making, rawcalls
+
+    torch.set_num_threads(1)
+    tether.initialize("gloo")
+    rank, everyone = tether.get_rank(), list(range(tether.get_world_size()))
+    original = rawcalls._originals["new_group"]
+    signature = inspect.signature(original)
+    made: list[object] = []
+    run = {
+        "torch": lambda: made.append(original(everyone)),
+        "tether": lambda: made.append(dist.new_group(everyone)),
+        "gate alone": lambda: making.arrive("new_group", signature, (everyone,), {}),
+    }
+    for name in CONTENDERS:  # warm-up: one of each
+        run[name]()
+    ms: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    order = list(CONTENDERS)
+    shuffle = random.Random(0)  # the same order on every rank
+    for _ in range(rounds):
+        shuffle.shuffle(order)
+        for name in order:
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(per):
+                run[name]()
+            took = time.perf_counter() - start
+            slowest = max(tether.all_gather(took))
+            ms[name].append(slowest / per * 1e3)
+            for group in made:
+                dist.destroy_process_group(group)
+            made.clear()
+    if rank == 0:
+        print("RESULT " + json.dumps({"world": len(everyone), "ms": ms}), flush=True)
+    tether.finalize()
+
+
+def run_world(n: int, rounds: int, per: int) -> dict[str, object]:
+    import _proc
+
+    args = _proc.torchrun(n, __file__, "--worker", "--rounds", str(rounds), "--per", str(per))
+    done = _proc.run(args, 120 + 2 * rounds * per, env={"OMP_NUM_THREADS": "1"})
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or not lines or done.leftovers:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
+        raise SystemExit(f"group_gate at {n} ranks failed: exit {done.returncode}, leftovers {done.leftovers}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def body(results: list[dict[str, object]], rounds: int, per: int) -> list[str]:
+    import _proc
+
+    lines = [
+        f"ms per group of every rank made, median of {rounds} rounds of {per} in a row (slowest rank per "
+        "round; IQR = interquartile range in % of the median); ratio = median of the per-round ratios to "
+        "torch's, with their quartiles.",
+        "",
+        "| contender | " + " | ".join(f"{r['world']} ranks ms (IQR %) | ratio (IQR)" for r in results) + " |",
+        "|---|" + "---|---|" * len(results),
+    ]
+    for name in CONTENDERS:
+        cells = []
+        for res in results:
+            ms: dict[str, list[float]] = res["ms"]  # type: ignore[assignment]
+            q1, med, q3 = _proc.quartiles(ms[name])
+            r1, ratio, r3 = _proc.paired_ratios(ms[name], ms["torch"])
+            shown = "1" if name == "torch" else f"{ratio:.3f}x ({r1:.3f} to {r3:.3f})"
+            cells.append(f"{med:.2f} ({(q3 - q1) / med * 100:.0f}%) | {shown}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    import _proc
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--per", type=int, default=10, help="groups made in a row per contender and round")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "group-gate.md")
+    _proc.add_driver_options(parser)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.rounds, args.per)
+        return
+    _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
+    library = [_proc.library_state()]
+    results, loads = [], []
+    for n in args.ranks:
+        quiet = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
+        loads.append(f"{n} ranks: {quiet.describe()}")
+        results.append(run_world(n, args.rounds, args.per))
+    library.append(_proc.library_state())
+    setup = "torchrun, gloo, unpinned. Load (1-minute average) before each world size: " + "; ".join(loads) + "."
+    text = [*([args.note] if args.note else []), "\n".join(body(results, args.rounds, args.per))]
+    _proc.report(args.out, "The gate before a group's creation: benchmark", setup, library, text)
+
+
+if __name__ == "__main__":
+    main()
