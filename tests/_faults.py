@@ -52,6 +52,9 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
                 raw ``dist.new_group``, where gloo waits in C++ on the store for the
                 victim's address (tether's gate before it: ``_core/making.py``; a stall
                 row's timeout is the job's ``sync_timeout``)
+    mesh        as ``made``, where torch makes the groups: the others build a 2-D
+                ``DeviceMesh`` (2 x world/2), whose rows and columns torch makes with the
+                ``new_group`` it imported by name
 
 Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
 marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
@@ -88,7 +91,7 @@ FAILURES = (
     "sigint",
     "term_launcher",
 )
-PLACES = ("first", "waiting", "collective", "outside", "backward", "ddp_hand", "chain", "p2p", "rooted", "made")
+PLACES = ("first", "waiting", "collective", "outside", "backward", "ddp_hand", "chain", "p2p", "rooted", "made", "mesh")
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 START_LINE = 120.0  # seconds the first barrier waits for the last rank to start
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
@@ -118,7 +121,7 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "made")  # raw waits know no timeout= of their own
+        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "made", "mesh")  # raw waits know no timeout= of theirs
         if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
@@ -344,15 +347,19 @@ def run_case(case: Case) -> None:
         idist.barrier(timeout=timeout)
         return
 
-    if case.place == "made":
+    if case.place in ("made", "mesh"):
         import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
 
         if me_victim:
             seq.wait(f"in/{r}" for r in others)
             time.sleep(SETTLE)
             inject(case, rank)
         seq.mark(f"in/{rank}")
-        dist.new_group(list(range(world)))  # every rank's, the victim's too: gloo waits for its address
+        if case.place == "made":
+            dist.new_group(list(range(world)))  # every rank's, the victim's too: gloo waits for its address
+        else:
+            init_device_mesh("cpu", (2, world // 2))
         idist.barrier(timeout=timeout)
         return
 

@@ -256,6 +256,8 @@ ROWS: list[Row] = [
     stall("made", "initialize", 3, 2, bound=B),
     death("sigkill", "made", "initialize", 4, 3, bound=B, detect=WHEREABOUTS, full=True),
     freeze("made", "spawn", 4, 2, bound=B, detect=HEARTBEAT, full=True),
+    raise_("F2", "mesh", "initialize", 4, 3, bound=B, detect=PUSH),
+    stall("mesh", "spawn", 4, 0, bound=B, full=True),
     # F6: mismatched syncs
     mismatch("barrier", "spawn", 4, 2, bound=B, detect=None, full=True),
     mismatch("first", "initialize", 4, 1, bound=B, detect=None),

@@ -26,3 +26,22 @@ def test_a_rank_that_arrives_after_the_timeout_but_before_the_verdict_asks_is_na
     assert "  rank 1: ROOT CAUSE: SyncTimeout" in res.stderr
     assert "  rank 0: stopped: TIMEOUT (exited with code 4)" in res.stderr
     assert res.leftovers == []
+
+
+@pytest.mark.timeout(BOUND + 30)
+def test_a_timeout_whose_missing_rank_waits_elsewhere_names_the_rank_that_one_waits_for() -> None:
+    # rank 3's barrier on [2, 3] expires first, rank 2 waiting in a barrier on [0, 2] for the
+    # stalled rank 0: on c9c640d's src every rank raised "rank(s) [2] did not arrive"
+    res = python("chained_timeouts.py", bound=BOUND)
+    assert res.returncode == 7 and res.elapsed < BOUND, res.output[-3000:]  # JobFailed, exit code 7
+    raised = {e["rank"]: e for e in lc_events(res, "raised")}
+    assert sorted(raised) == [1, 2, 3], res.output[-3000:]  # rank 0 never leaves its sleep: ended
+    for e in raised.values():  # one verdict everywhere: rank 0's, posted by a wait that holds it
+        assert e["exc"] == "SyncTimeout" and e["stalled"] == [0], e
+        assert "rank(s) [0] did not arrive" in str(e["msg"]), e
+    root = re.findall(r"Root cause: rank (\d) failed: SyncTimeout: (.*)", res.stderr)
+    assert len(root) == 1 and root[0][0] == "0" and "rank(s) [0] did not arrive" in root[0][1], res.stderr[-3000:]
+    assert "  rank 0: ROOT CAUSE: SyncTimeout" in res.stderr, res.stderr[-3000:]
+    for r in (1, 2, 3):
+        assert f"  rank {r}: stopped: TIMEOUT (exited with code 4)" in res.stderr, res.stderr[-3000:]
+    assert res.leftovers == []

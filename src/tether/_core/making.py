@@ -23,6 +23,10 @@ not have. Not gated: ``split_group`` (NCCL only, not run here), a call nested in
 (``new_subgroups`` calls ``new_group``), one on another thread or inside a tether call,
 arguments torch refuses (its error comes as before).
 
+The gate's timeout is the creation's: its ``timeout=``, else ``sync_timeout``, else torch's
+default (30 minutes for gloo), so a member that stalls is named as a ``SyncTimeout`` no
+later than the creation alone would have raised.
+
 Cost: one store gate per creation (``benchmarks/results/group-gate.md``).
 """
 
@@ -35,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from . import context
 from .group import MAKING_KEY, Group
@@ -56,14 +61,27 @@ def arrive(name: str, signature: inspect.Signature | None, args: tuple[Any, ...]
         return
     me, world = ctx.channel.rank, ctx.backend.topology.world_size
     try:
-        members = _members(name, signature.bind(*args, **kwargs).arguments, me, world)
+        given = signature.bind(*args, **kwargs).arguments
+        members = _members(name, given, me, world)
+        timeout = _timeout(given, ctx.settings.timeout)
     except Exception:  # arguments torch refuses, with its own error
         return
     if members is None or me not in members:
         return  # not a member: torch returns at once
     key = MAKING_KEY if len(members) == world else MAKING_KEY + ".".join(map(str, members))
     call = f"dist.{name}" if name == "new_group" else f"dist.{name}(group_size={len(members)})"
-    gate(ctx, Group(key, members, None), call, "member")
+    gate(ctx, Group(key, members, None), call, "member", timeout=timeout)
+
+
+def _timeout(given: dict[str, Any], sync_timeout: float | None) -> float:
+    """The gate's timeout: the creation's own ``timeout=``, else ``sync_timeout``, else torch's
+    default for the backend (gloo: 30 minutes), which bounded the creation's wait before."""
+    if given.get("timeout") is not None:
+        return float(given["timeout"].total_seconds())
+    if sync_timeout is not None:
+        return sync_timeout
+    backend = dist.Backend(given.get("backend") or dist.get_backend())
+    return float(c10d._get_default_timeout(backend).total_seconds())
 
 
 def _members(name: str, given: dict[str, Any], me: int, world: int) -> tuple[int, ...] | None:

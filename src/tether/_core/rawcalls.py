@@ -133,11 +133,12 @@ def install() -> None:
             setattr(c10d, name, original)
         setattr(dist, name, _wrap(name, original))
     # Every group made through new_group passes here, also from torch's own modules that
-    # imported ``new_group`` by name (DeviceMesh: its subgroups of a 2-D mesh, HSDP's)
+    # imported ``new_group`` by name (DeviceMesh: its subgroups of a 2-D mesh, HSDP's): the
+    # job's bound, and the members' gate (making.py; nested in a wrapped call, it is not)
     inner = getattr(c10d, _EVERY_NEW_GROUP, None)
     if inner is not None:
         _originals[_EVERY_NEW_GROUP] = inner
-        setattr(c10d, _EVERY_NEW_GROUP, with_job_timeout(inner))
+        setattr(c10d, _EVERY_NEW_GROUP, _gated("new_group", with_job_timeout(inner), inspect.signature(inner)))
     _name_ddps_waits()
 
 
@@ -386,6 +387,17 @@ def bounded_p2p(blocking: Callable[..., Any], start: Callable[..., Any]) -> Call
 
 def _on_cpu(tensor: Any) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
+
+
+def _gated(name: str, make: Callable[..., Any], signature: inspect.Signature) -> Callable[..., Any]:
+    """``make``, after the gate of the new group's members (``making.arrive``)."""
+
+    @functools.wraps(make)
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        making.arrive(name, signature, args, kwargs)
+        return make(*args, **kwargs)
+
+    return gated
 
 
 def with_job_timeout(make: Callable[..., Any]) -> Callable[..., Any]:

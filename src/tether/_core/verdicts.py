@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
-from .channel import ROOT_WAIT
+from .channel import ROOT_WAIT, Answers
 from .context import Context
 from .group import Group, tag
 from .record import KIND_FINISHED, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
@@ -62,6 +62,13 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
     missing = [r for r in group.members if r != me and not answers.get(r, "").split("\n", 1)[0].endswith(at)]
     where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
     waiting = [r for r in missing if _in_a_call(where[r])]
+    if waiting and len(waiting) == len(missing):
+        # Every missing member waits in a call of its own, for a rank this sync does not
+        # hold (a DeviceMesh's column, made while the stalled rank's row waits for it): the
+        # verdict of the wait that began first names that rank. Give it time to come.
+        failure = ctx.watchdog.wait_for_failure(_hold_for_other_verdicts(ctx, answers, waiting, timeout))
+        if failure is not None:
+            return failure
     if len(waiting) == len(missing):  # all inside calls: waiting on each other, none is the one
         waiting = []
     # Every rank is in the sync by now: one came after the timeout expired and before the
@@ -96,6 +103,17 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
     )
     own.record = record
     return post_and_pick(ctx, record, own)
+
+
+def _hold_for_other_verdicts(ctx: Context, answers: Answers, waiting: list[int], timeout: float) -> float:
+    """Seconds to wait for the verdict of the calls ``waiting`` are in, before posting this one.
+
+    The member that has waited longest expires first, if its call has this sync's timeout:
+    in ``timeout`` less the seconds it has waited, then asks and posts. One with a longer
+    timeout, or none, is not waited for past this sync's own ``timeout`` again.
+    """
+    began = max((answers.seconds.get(r) or 0.0 for r in waiting), default=0.0)
+    return min(timeout, max(0.0, timeout - began)) + ctx.settings.answer_within + 1.0
 
 
 def _placed(ctx: Context, rank: int, client: Store | None = None) -> dict[str, Any]:
