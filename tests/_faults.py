@@ -48,6 +48,9 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
     rooted      as ``chain``, but the partner waits in a raw ``dist.reduce`` to itself
                 (``dst=partner``): a collective's root is not its only peer, the victim
                 is the one that did not arrive
+    async       as ``chain``, but the partner waits in ``wait()`` on the work of an async
+                ``dist.all_reduce`` (``async_op=True``), as ``ZeroRedundancyOptimizer.step``
+                waits on its broadcasts' works
     made        the victim is in user code; the others make a group of every rank with a
                 raw ``dist.new_group``, where gloo waits in C++ on the store for the
                 victim's address (tether's gate before it: ``_core/making.py``; a stall
@@ -91,7 +94,20 @@ FAILURES = (
     "sigint",
     "term_launcher",
 )
-PLACES = ("first", "waiting", "collective", "outside", "backward", "ddp_hand", "chain", "p2p", "rooted", "made", "mesh")
+PLACES = (
+    "first",
+    "waiting",
+    "collective",
+    "outside",
+    "backward",
+    "ddp_hand",
+    "chain",
+    "p2p",
+    "rooted",
+    "async",
+    "made",
+    "mesh",
+)
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 START_LINE = 120.0  # seconds the first barrier waits for the last rank to start
 RESULT = "RESULT "  # prefix of the one machine-readable line a rank prints when it catches
@@ -121,7 +137,7 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "made", "mesh")  # raw waits know no timeout= of theirs
+        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "async", "made", "mesh")  # no timeout= of their own
         if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
@@ -323,7 +339,7 @@ def run_case(case: Case) -> None:
         _train(case, rank, seq, others)
         return
 
-    if case.place in ("chain", "p2p", "rooted"):
+    if case.place in ("chain", "p2p", "rooted", "async"):
         import torch
         import torch.distributed as dist
 
@@ -338,6 +354,10 @@ def run_case(case: Case) -> None:
             dist.recv(torch.zeros(1), src=case.victim)  # the victim never sends
         elif rank == partner and case.place == "rooted":
             dist.reduce(torch.ones(1), dst=partner, group=pair)  # its own src/dst: the victim is missing
+        elif rank == partner and case.place == "async":
+            work = dist.all_reduce(torch.ones(1), group=pair, async_op=True)
+            assert work is not None
+            work.wait()  # the caller's own wait on the work
         elif rank == partner:
             dist.all_reduce(torch.ones(1), group=pair)
         elif case.failure == "stall":
