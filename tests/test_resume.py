@@ -516,6 +516,20 @@ def test_checkpointer_rejects_bad_arguments(tmp_path: Path, kwargs: dict[str, ob
         tether.Checkpointer(**args)  # type: ignore[arg-type]
 
 
+@pytest.mark.timeout(BOUND + 60)
+def test_checkpointer_refuses_a_zero_redundancy_optimizer_on_every_rank_alike(tmp_path: Path) -> None:
+    # before, the first save raised torch's "Optimizer state has not been consolidated"
+    res = _harness.python("checkpoint_cases.py", "zero", str(tmp_path), bound=BOUND)
+    assert res.returncode == 0, res.output[-3000:]
+    refused = {e["rank"]: e["msg"] for e in _events(res, "refused")}
+    assert sorted(refused) == [0, 1], res.output[-3000:]
+    assert refused[0] == refused[1], refused
+    assert "'optimizer' is a ZeroRedundancyOptimizer, whose state is split across the ranks" in refused[0]
+    assert sorted(e["rank"] for e in _events(res, "trained")) == [0, 1], res.output[-3000:]
+    assert list(tmp_path.iterdir()) == []
+    assert res.leftovers == []
+
+
 # --- random states and the emergency saver, in real jobs ------------------------------------
 
 

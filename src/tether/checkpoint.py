@@ -169,7 +169,8 @@ class Checkpointer:
         emergency_budget: seconds tether's launcher lets the emergency save take.
 
     Raises:
-        TypeError, ValueError: bad arguments, on every rank alike, before any communication.
+        TypeError, ValueError: bad arguments (a ``ZeroRedundancyOptimizer`` among the objects:
+            its state is split across the ranks), on every rank alike, before any communication.
         ValueError (from ``resume``): every checkpoint there comes from a job of another
             world size (no re-shard: the state saved is one replica's).
     """
@@ -189,6 +190,13 @@ class Checkpointer:
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"Checkpointer: {name!r} has no state_dict()/load_state_dict()")
+            if _is_zero(obj):
+                raise ValueError(
+                    f"Checkpointer: {name!r} is a ZeroRedundancyOptimizer, whose state is split across the "
+                    "ranks: no rank holds it whole for a save (nor a survivor, once a rank is gone). Save it "
+                    "yourself (consolidate_state_dict(to=0) on every rank, then state_dict() on rank 0) and give "
+                    "the Checkpointer the rest"
+                )
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise TypeError(f"Checkpointer: seed must be an int or None, got {seed!r}")
         for what, value in (("every", every), ("keep", keep)):
@@ -642,6 +650,17 @@ class _Save:
 
 
 CLAIM_WINDOW = 0.25  # seconds survivors offer to write the emergency save before the lowest claims it
+
+
+def _is_zero(obj: object) -> bool:
+    """A ``ZeroRedundancyOptimizer``: each rank holds its own part of the optimizer's state.
+
+    Before, the first save raised torch's "Optimizer state has not been consolidated" on
+    every rank, ``every`` steps into training (and an emergency save could not have held a
+    gone rank's part). Only an instance counts, and only when its module was imported.
+    """
+    zero = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    return zero is not None and isinstance(obj, zero.ZeroRedundancyOptimizer)
 
 
 def _sharded_name(objects: Mapping[str, Any]) -> str | None:
