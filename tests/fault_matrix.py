@@ -259,7 +259,7 @@ ROWS: list[Row] = [
     raise_("F2", "mesh", "initialize", 4, 3, bound=B, detect=PUSH),
     stall("mesh", "spawn", 4, 0, bound=B, full=True),
     # ... behind the wait on an async collective's work (ZeroRedundancyOptimizer's broadcasts)
-    raise_("F2", "async", "initialize", 4, 1, bound=B, detect=PUSH),
+    raise_("F2", "async", "initialize", 3, 1, bound=B, detect=PUSH),
     stall("async", "spawn", 2, 1, bound=B, full=True),
     # F6: mismatched syncs
     mismatch("barrier", "spawn", 4, 2, bound=B, detect=None, full=True),

@@ -89,6 +89,11 @@ No emergency checkpoint exists for such state: the failed rank's shard is gone w
 and on a stop (a preemption) the ranks would have to agree on one step to save; the job
 resumes from the last periodic save.
 
+**ZeroRedundancyOptimizer.** Each rank holds a part of its state: a periodic save gathers
+it on rank 0 first (``consolidate_state_dict(to=0)``, a collective on every rank), and rank
+0 alone writes that save; ``resume`` loads the whole state on every rank, and ZeRO keeps
+each rank's part. No emergency save: a failed rank's part is gone with it.
+
 Why not DCP for replicated state too: its save is a collective over the process group,
 and an emergency save runs when a peer of that group is gone. The periodic save takes
 DCP's idea (each replicated tensor written once, by one rank) without its collective: the
@@ -190,13 +195,6 @@ class Checkpointer:
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"Checkpointer: {name!r} has no state_dict()/load_state_dict()")
-            if _is_zero(obj):
-                raise ValueError(
-                    f"Checkpointer: {name!r} is a ZeroRedundancyOptimizer, whose state is split across the "
-                    "ranks: no rank holds it whole for a save (nor a survivor, once a rank is gone). Save it "
-                    "yourself (consolidate_state_dict(to=0) on every rank, then state_dict() on rank 0) and give "
-                    "the Checkpointer the rest"
-                )
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise TypeError(f"Checkpointer: seed must be an int or None, got {seed!r}")
         for what, value in (("every", every), ("keep", keep)):
@@ -228,6 +226,7 @@ class Checkpointer:
         self._store: tuple[Channel, Store] | None = None  # (channel, the writer's own connection to its store)
         self._abandon = threading.Event()  # the periodic save's wait for the other parts: give up
         self._sharded = _sharded_name(self.objects)  # a sharded module's name: saves go through DCP
+        self._zero = [name for name, obj in self.objects.items() if _is_zero(obj)]  # optimizers split by rank
         for opt in self._optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
             opt.register_step_post_hook(self._after_optimizer_step)
@@ -298,6 +297,8 @@ class Checkpointer:
                 self._deferred.end()  # a stop put off while the optimizers stepped comes now
             # every rank's random states, at this point, and whether it can write a part
             offers = collectives.all_gather((_randomness.state(), self._can_split(), os.getpid())) if saving else []
+            for name in self._zero if saving else ():  # each rank's part of its state, to rank 0 (a collective)
+                self.objects[name].consolidate_state_dict(to=0)
         except _PEER_FAILURES as exc:
             self._stopped(exc, epoch, iteration)
             raise
@@ -340,7 +341,7 @@ class Checkpointer:
 
     def _can_split(self) -> bool:
         """Whether this rank can write its part of a periodic save (``_write_part``)."""
-        return self._split and self._sharded is None and current().channel is not None
+        return self._split and self._sharded is None and not self._zero and current().channel is not None
 
     def _at_failure(self, failure: BaseException) -> None:
         """This rank ends on ``failure``, posted (``Context.on_failure``). One that left a step
@@ -393,6 +394,12 @@ class Checkpointer:
             stop = "its save would need every rank's shard at one step: the last periodic save is the one to resume"
             why_not = f"{self._sharded!r} is sharded (FSDP), and " + (
                 stop if _a_stop(exc) else "a failed rank's shard is gone with it"
+            )
+        elif self._zero:
+            why_not = f"{self._zero[0]!r} is a ZeroRedundancyOptimizer, whose state each rank holds a part of, and " + (
+                "its save would need every rank's part at one step: the last periodic save is the one to resume"
+                if _a_stop(exc)
+                else "a failed rank's part is gone with it: the last periodic save is the one to resume"
             )
         elif self._in_optimizer_step:
             why_not = (
@@ -449,8 +456,9 @@ class Checkpointer:
         for opt in self._optimizers:
             for group in opt.param_groups:
                 found.update(p.data_ptr() for p in group["params"])
-            for per_param in opt.state.values():
-                found.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
+            for per_param in opt.state.values():  # (ZeRO's holds None for the parameters of other ranks)
+                if isinstance(per_param, Mapping):
+                    found.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
         return found
 
     def _save_async(self, position: Position, randomness: Any, tmp: Path, parts: int) -> None:
@@ -655,9 +663,11 @@ CLAIM_WINDOW = 0.25  # seconds survivors offer to write the emergency save befor
 def _is_zero(obj: object) -> bool:
     """A ``ZeroRedundancyOptimizer``: each rank holds its own part of the optimizer's state.
 
-    Before, the first save raised torch's "Optimizer state has not been consolidated" on
-    every rank, ``every`` steps into training (and an emergency save could not have held a
-    gone rank's part). Only an instance counts, and only when its module was imported.
+    A periodic save first gathers it on rank 0 (``consolidate_state_dict(to=0)`` on every
+    rank), which alone writes the save; a resume gives every rank the whole state, and
+    ZeRO's ``load_state_dict`` keeps each rank's part. Before, the first save raised
+    torch's "Optimizer state has not been consolidated" on every rank. No emergency save:
+    a failed rank's part is gone. Only an instance counts, once its module was imported.
     """
     zero = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
     return zero is not None and isinstance(obj, zero.ZeroRedundancyOptimizer)

@@ -7,7 +7,6 @@
     python checkpoint_cases.py deferred quiet|meddle OUT  (2 ranks, tether.spawn)
     python checkpoint_cases.py unshared OUT              (2 ranks, tether.spawn)
     torchrun ... checkpoint_cases.py stopped OUT         (2 ranks, torchrun)
-    python checkpoint_cases.py zero OUT                  (2 ranks, tether.spawn)
 
 * ``random``: every rank starts from its own seeds and uses ``seed=None`` (no per-step
   seeding), so only the random states a periodic checkpoint saved can carry randomness
@@ -36,9 +35,6 @@
   part, gets a SIGTERM in its own code (a stop no peer's failure explains). Its process
   must end at once, not when its writer's wait runs out (``_ckpt_parts.WITHIN``): Python
   joins that thread before anything would post the stop.
-* ``zero``: the objects hold a ``ZeroRedundancyOptimizer`` (each rank has its own part of
-  the optimizer's state). Every rank must refuse it in the constructor, with the same
-  message, and go on: the job then trains 2 steps and ends with exit code 0.
 """
 
 import os
@@ -195,25 +191,6 @@ def stopped_case(local_rank: int, out: str) -> None:
     time.sleep(30)  # in its own code when the stop comes
 
 
-def zero_case(local_rank: int, out: str) -> None:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    rank = tether.get_rank()
-    model = tether.auto_model(torch.nn.Linear(8, 2))
-    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.1)
-    try:
-        tether.Checkpointer({"model": model, "optimizer": opt}, out, every=1)
-    except ValueError as exc:
-        emit("refused", rank=rank, msg=str(exc))
-    else:
-        emit("accepted", rank=rank)
-    for _ in range(2):  # every rank refused alike: nothing diverged
-        model(torch.full((4, 8), 0.1)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    emit("trained", rank=rank)
-
-
 def _clones(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     for k, v in opt.state_dict()["state"].items():
@@ -237,8 +214,6 @@ if __name__ == "__main__":
             tether.spawn("gloo", deferred_case, (sys.argv[2], sys.argv[3]), nproc_per_node=2)
         elif CASE == "unshared":
             tether.spawn("gloo", unshared_case, (sys.argv[2],), nproc_per_node=2)
-        elif CASE == "zero":
-            tether.spawn("gloo", zero_case, (sys.argv[2],), nproc_per_node=2)
         elif CASE == "random":
             tether.spawn("gloo", random_case, (sys.argv[2], sys.argv[3]), nproc_per_node=2)
         else:

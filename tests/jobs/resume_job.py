@@ -31,6 +31,10 @@ With ``--stop-group`` the SIGTERM goes to the launcher's whole process group ins
 ``scancel``, ``timeout``, systemd's stop): every process of the job gets it at once, the
 DataLoader's workers too (``--loader-workers N``).
 
+``--zero``: the optimizer is a ``ZeroRedundancyOptimizer`` (SGD with the same settings),
+whose state each rank holds a part of: periodic saves gather it on rank 0, and no
+emergency save is possible.
+
 ``--late-register`` (first attempt only): on the other ranks, tether's guard registers
 that all-reduce's future with the watchdog only once the failure has reached the rank, as
 when the main thread is preempted between issuing the all-reduce and registering it.
@@ -57,6 +61,7 @@ parser.add_argument("--fail-step", type=int, default=-1)
 parser.add_argument("--fail-rank", type=int, default=1)
 parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--spawn", action="store_true")
+parser.add_argument("--zero", action="store_true", help="a ZeroRedundancyOptimizer")
 parser.add_argument("--kill-in-save", choices=["periodic", "emergency", "part"], default=None)
 parser.add_argument("--late-allreduce", action="store_true")
 parser.add_argument("--late-by", type=float, default=0.01, help="seconds after the notice (--late-allreduce)")
@@ -235,7 +240,14 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     model = tether.auto_model(
         torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1))
     )
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.SGD, lr=0.05, momentum=0.9
+        )
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(args.out, "ckpt"), every=args.every)
     if attempt == 0 and args.stop_in_optimizer >= 0:
 
