@@ -174,8 +174,7 @@ class Checkpointer:
         emergency_budget: seconds tether's launcher lets the emergency save take.
 
     Raises:
-        TypeError, ValueError: bad arguments (a ``ZeroRedundancyOptimizer`` among the objects:
-            its state is split across the ranks), on every rank alike, before any communication.
+        TypeError, ValueError: bad arguments, on every rank alike, before any communication.
         ValueError (from ``resume``): every checkpoint there comes from a job of another
             world size (no re-shard: the state saved is one replica's).
     """
@@ -456,7 +455,7 @@ class Checkpointer:
         for opt in self._optimizers:
             for group in opt.param_groups:
                 found.update(p.data_ptr() for p in group["params"])
-            for per_param in opt.state.values():  # (ZeRO's holds None for the parameters of other ranks)
+            for per_param in opt.state.values():  # (a resumed ZeroRedundancyOptimizer's held None entries)
                 if isinstance(per_param, Mapping):
                     found.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
         return found
