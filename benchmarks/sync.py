@@ -287,6 +287,16 @@ def worker(rounds: int, quick: bool, batch_s: float, chunks: int, pin: bool) -> 
     if pin:
         _proc.pin_rank(int(os.environ["LOCAL_RANK"]))
     tether.initialize("gloo")
+    # torch's own Work.wait, which the raw calls below make inside (c10d's synchronous
+    # collectives wait on their work): tether wraps it to name the user's waits on async
+    # works (``rawcalls._name_work_waits``), and the raw baseline must not pay for that.
+    # tether's own waits call torch's anyway (``waits._wait_on``); the ignite column loses
+    # the 0.7 us that wrapper costs inside tether's wrapped dist.* calls
+    from torch._C._distributed_c10d import Work
+
+    from tether._core import rawcalls
+
+    Work.wait = rawcalls._originals["Work.wait"]  # type: ignore[method-assign]
     rank, world = dist.get_rank(), dist.get_world_size()
     contenders = _contenders(world, quick)
     for _, _, call, _ in contenders:  # warm up every path (and gloo's connections)
