@@ -252,7 +252,7 @@ ROWS: list[Row] = [
     stall("rooted", "initialize", 2, 1, bound=B),
     stall("rooted", "spawn", 4, 3, bound=B, full=True),
     # A member fails before a group's creation: the others wait in gloo's rendezvous, in C++
-    raise_("F2", "made", "spawn", 3, 1, bound=B, detect=PUSH),
+    raise_("F2", "made", "spawn", 3, 1, bound=B, detect=PUSH, full=True),  # default: stall here, raise in mesh
     stall("made", "initialize", 3, 2, bound=B),
     death("sigkill", "made", "initialize", 4, 3, bound=B, detect=WHEREABOUTS, full=True),
     freeze("made", "spawn", 4, 2, bound=B, detect=HEARTBEAT, full=True),
