@@ -10,7 +10,9 @@ runs, ``dist.new_group`` is its wrapper: the members' store gate (``_core/making
 then torch's function, named as a raw call (``rawcalls.py``). Contenders, in the same
 processes, each making ``--per`` groups of every rank in a row per round:
 
-* ``torch``: torch's own ``new_group`` (``rawcalls._originals``), as without tether;
+* ``torch``: torch's own ``new_group`` (``rawcalls._originals``) over torch's own
+  ``_new_group_with_tag`` (tether gates that one too: it is put back for the call), as
+  without tether;
 * ``tether``: ``dist.new_group``, the wrapper;
 * ``gate alone``: the gate the wrapper passes first (``making.arrive``), without a creation.
 
@@ -50,9 +52,21 @@ def worker(rounds: int, per: int) -> None:
     rank, everyone = tether.get_rank(), list(range(tether.get_world_size()))
     original = rawcalls._originals["new_group"]
     signature = inspect.signature(original)
+    c10d = dist.distributed_c10d
+    gated, inner = c10d._new_group_with_tag, rawcalls._originals["_new_group_with_tag"]
     made: list[object] = []
+
+    def plain() -> None:
+        # torch's new_group calls c10d._new_group_with_tag, which tether gates too (for the
+        # groups torch's own modules make): the baseline calls torch's, as without tether
+        c10d._new_group_with_tag = inner
+        try:
+            made.append(original(everyone))
+        finally:
+            c10d._new_group_with_tag = gated
+
     run = {
-        "torch": lambda: made.append(original(everyone)),
+        "torch": plain,
         "tether": lambda: made.append(dist.new_group(everyone)),
         "gate alone": lambda: making.arrive("new_group", signature, (everyone,), {}),
     }
