@@ -38,6 +38,12 @@ own such processes: Python's teardown runs at their exit).
 * (f) ``ddp_peer_raises``: rank 1 raises at step 3 of a loop over ``tether.auto_model``'s
   DDP; rank 0, whose CPU runs ahead of NCCL, ends within ``grace + 2`` s, and the job's
   output holds rank 1's error.
+* (g) ``group_gate``: every rank makes ``dist.new_group([0, 1])`` (the members' store gate
+  before torch's creation, ``_core/making.py``), then waits on an async all-reduce's work
+  on it with ``work.wait()`` (tether's wrapper, ``rawcalls._name_work_waits``) and
+  synchronizes: the sum is right, and both ranks exit 0.
+* (g') ``group_peer_raises``: rank 1 raises 1 s in, where rank 0 makes a group of both:
+  rank 0 raises ``PeerFailure`` naming rank 1 at the gate, within 1.5 s of the start.
 
 Prints one PASS/FAIL line per check, writes them to ``--out`` with the date and the GPU,
 and exits 1 on any FAIL, 2 when it cannot run, 0 otherwise.
@@ -71,6 +77,8 @@ CHECKS = (
     "abort_bound",
     "ddp_grads",
     "ddp_peer_raises",
+    "group_gate",
+    "group_peer_raises",
 )
 LATE = 2.0  # seconds rank 1 joins late in (a) and (b)
 GRACE = 3.0  # the watchdog's grace in (c'), (d) and (f)
@@ -134,6 +142,24 @@ def rank_main(check: str) -> None:
                 torch.cuda.synchronize()
                 _say("returned", rank=rank, took=time.monotonic() - start)  # torch's own abort ends the kernel
                 tether.barrier()  # the next tether call raises the failure
+        except BaseException as exc:
+            _say("raised", rank=rank, exc=type(exc).__name__, msg=str(exc)[:300], took=time.monotonic() - start)
+            raise
+    elif check == "group_gate":
+        pair = dist.new_group([0, 1])
+        work = dist.all_reduce(t, group=pair, async_op=True)
+        assert work is not None
+        work.wait()
+        torch.cuda.synchronize()
+        if rank == 0:
+            _say("group_gate", total=float(t[:4].sum().item()))
+    elif check == "group_peer_raises":
+        if rank == 1:
+            time.sleep(1.0)
+            raise RuntimeError("rank 1 failed on purpose")
+        start = time.monotonic()
+        try:
+            dist.new_group([0, 1])
         except BaseException as exc:
             _say("raised", rank=rank, exc=type(exc).__name__, msg=str(exc)[:300], took=time.monotonic() - start)
             raise
@@ -327,6 +353,10 @@ def judge(
         took_s, total = float(e.get("took", 0.0)), e.get("total")  # type: ignore[arg-type]
         ok = took_s >= LATE - 0.5 and total == 8.0 and codes == [0, 0]
         return ok, f"tether.all_reduce returned after {took_s:.2f} s (peer {LATE:g} s late), sum {total}, codes {codes}"
+    if check == "group_gate":
+        total = _event(events, "group_gate").get("total")
+        ok = total == 8.0 and codes == [0, 0]
+        return ok, f"all-reduce on a new group, its work waited: sum {total}, codes {codes}"
     if check == "ddp_grads":
         e = next((e for e in events if e["event"] == "ddp_grads" and e["rank"] == 0), {})
         diff, scale = float(e.get("max_diff", 99.0)), float(e.get("grad_scale", 0.0))  # type: ignore[arg-type]
@@ -341,11 +371,12 @@ def judge(
         how = f"raised {e.get('exc')} after {e.get('took')} s: {str(e.get('msg'))[:120]}" if e else "no exception seen"
         cause = "failed on purpose" in text
         return ok, f"rank 0 {how}; exit codes {codes}; job took {took:.1f} s (grace {GRACE:g} s); cause shown: {cause}"
-    if check in ("peer_raises", "peer_raises_first", "stall_timeout"):
+    if check in ("peer_raises", "peer_raises_first", "stall_timeout", "group_peer_raises"):
         took_s = float(e.get("took", 99.0))  # type: ignore[arg-type]
         want, within = {
             "peer_raises": ("PeerFailure", 1.0 + 0.5),  # rank 1 raises 1 s in
             "peer_raises_first": ("PeerFailure", 5.0),
+            "group_peer_raises": ("PeerFailure", 1.0 + 0.5),
             "stall_timeout": ("SyncTimeout", SYNC_TIMEOUT + GRACE),
         }[check]
         ok = e.get("exc") == want and "rank 1" in str(e.get("msg")) and took_s < within and _no_signal(codes[0])
