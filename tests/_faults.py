@@ -58,6 +58,10 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
     mesh        as ``made``, where torch makes the groups: the others build a 2-D
                 ``DeviceMesh`` (2 x world/2), whose rows and columns torch makes with the
                 ``new_group`` it imported by name
+    dtensor     every rank holds a DTensor sharded on a 1-D mesh; the victim is in user
+                code, the others gather it (``full_tensor()``) and wait in torch's
+                functional collectives' ``wait_tensor``, in C++ (imported after tether
+                started: ``_core/funcol.py`` wraps it as it is imported)
 
 Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
 marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
@@ -107,6 +111,7 @@ PLACES = (
     "async",
     "made",
     "mesh",
+    "dtensor",
 )
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 START_LINE = 120.0  # seconds the first barrier waits for the last rank to start
@@ -137,7 +142,7 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "async", "made", "mesh")  # no timeout= of their own
+        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "async", "made", "mesh", "dtensor")  # no timeout=
         if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
@@ -380,6 +385,22 @@ def run_case(case: Case) -> None:
             dist.new_group(list(range(world)))  # every rank's, the victim's too: gloo waits for its address
         else:
             init_device_mesh("cpu", (2, world // 2))
+        idist.barrier(timeout=timeout)
+        return
+
+    if case.place == "dtensor":
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (world,))
+        shards = distribute_tensor(torch.full((world, 2), 0.1), mesh, [Shard(0)])
+        if me_victim:
+            seq.wait(f"in/{r}" for r in others)
+            time.sleep(SETTLE)
+            inject(case, rank)
+        seq.mark(f"in/{rank}")
+        shards.full_tensor()  # the victim's shard never comes
         idist.barrier(timeout=timeout)
         return
 

@@ -261,6 +261,11 @@ ROWS: list[Row] = [
     # ... behind the wait on an async collective's work (ZeroRedundancyOptimizer's broadcasts)
     raise_("F2", "async", "initialize", 3, 1, bound=B, detect=PUSH),
     stall("async", "spawn", 2, 1, bound=B, full=True),
+    # ... behind the wait of torch's functional collectives (a DTensor's gather)
+    raise_("F2", "dtensor", "spawn", 3, 1, bound=B, detect=PUSH),
+    stall("dtensor", "initialize", 2, 1, bound=B),
+    death("sigkill", "dtensor", "initialize", 3, 2, bound=B, detect=WHEREABOUTS, full=True),
+    freeze("dtensor", "spawn", 2, 0, bound=B, detect=HEARTBEAT, full=True),
     # F6: mismatched syncs
     mismatch("barrier", "spawn", 4, 2, bound=B, detect=None, full=True),
     mismatch("first", "initialize", 4, 1, bound=B, detect=None),

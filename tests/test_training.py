@@ -3,7 +3,8 @@
 The fault matrix (``fault_matrix.py``, place ``backward``) covers raise / SIGKILL / stall
 during ``loss.backward()``; these tests cover what the matrix does not: the happy path's
 numbers, a user's own DDP with a wrapped fp16 hook, a stall inside DDP's constructor (a
-raw collective), and torchrun's own Root Cause section. Each failure test makes the four
+raw collective), a tensor-parallel layer's waits (torch's functional collectives), and
+torchrun's own Root Cause section. Each failure test makes the four
 asserts: in bound, every survivor raised the documented type, the root cause printed,
 nothing left.
 """
@@ -127,6 +128,36 @@ def test_a_raw_wait_on_torchs_own_subgroup_ends_within_sync_timeout() -> None:
     # where rank 1 stalled, once: in its own error file, not again under each victim of the node
     assert res.stderr.count("time.sleep(60)") == 1, res.stderr[-4000:]
     assert res.returncode != 0
+    assert res.leftovers == []
+
+
+def test_a_peer_failing_before_a_tensor_parallel_forward_is_a_peer_failure_out_of_funcols_wait() -> None:
+    # DTensor imported before tether started: funcol's wait_tensor wrapped at the start (the
+    # fault matrix's place "dtensor" imports it later: wrapped as it is imported)
+    res = torchrun("tensor_parallel.py", "raise", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 1 and res.elapsed < BOUND, res.output[-3000:]
+    assert [e["exact"] for e in lc_events(res, "step")] == [True, True]  # step 1 equals the unsharded layer
+    (fault,) = lc_events(res, "fault")
+    e = survivors(res)[0]
+    expected = ("PeerFailure", 1, "ValueError", "shard 0.1 lost on rank 1")
+    assert (e["exc"], e["failing"], e["orig_type"], e["orig_msg"]) == expected, e
+    assert float(e["time"]) - float(fault["time"]) < NOTICE_S  # type: ignore[arg-type]
+    root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root) and "ValueError: shard 0.1 lost on rank 1" in root, root
+    assert "Connection closed by peer" not in res.output  # gloo's text is not the story
+    assert res.leftovers == []
+
+
+def test_a_stall_before_a_tensor_parallel_forward_is_a_sync_timeout_naming_funcols_wait() -> None:
+    res = torchrun("tensor_parallel.py", "stall", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 1 and res.elapsed < BOUND, res.output[-3000:]
+    e = survivors(res)[0]
+    assert e["exc"] == "SyncTimeout", e
+    assert str(e["msg"]).startswith("funcol.wait_tensor timed out after 3 s: rank(s) [1] did not arrive"), e
+    # gloo's timeout is sync_timeout + 1 s, then one whereabouts query (1 s at most)
+    assert TIMEOUT_S < float(e["after"]) < TIMEOUT_S + 1.0 + 1.0 + NOTICE_S, e  # type: ignore[arg-type]
+    root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root) and "did not arrive" in root, root
     assert res.leftovers == []
 
 
