@@ -51,6 +51,10 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
     async       as ``chain``, but the partner waits in ``wait()`` on the work of an async
                 ``dist.all_reduce`` (``async_op=True``), as ``ZeroRedundancyOptimizer.step``
                 waits on its broadcasts' works
+    irecv       as ``chain``, but the partner waits in ``wait()`` on an ``irecv`` from the
+                victim made by ``dist.batch_isend_irecv``, as a pipeline stage waits for
+                its neighbour's activations (gloo's point-to-point works ignore the
+                group's timeout: tether bounds a ``wait()`` given none)
     made        the victim is in user code; the others make a group of every rank with a
                 raw ``dist.new_group``, where gloo waits in C++ on the store for the
                 victim's address (tether's gate before it: ``_core/making.py``; a stall
@@ -112,6 +116,7 @@ PLACES = (
     "made",
     "mesh",
     "dtensor",
+    "irecv",
 )
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
 START_LINE = 120.0  # seconds the first barrier waits for the last rank to start
@@ -142,7 +147,8 @@ class Case:
     @property
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
-        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "async", "made", "mesh", "dtensor")  # no timeout=
+        # the places whose waits take no timeout= of their own: the job's sync_timeout bounds them
+        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "async", "made", "mesh", "dtensor", "irecv")
         if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
@@ -344,7 +350,7 @@ def run_case(case: Case) -> None:
         _train(case, rank, seq, others)
         return
 
-    if case.place in ("chain", "p2p", "rooted", "async"):
+    if case.place in ("chain", "p2p", "rooted", "async", "irecv"):
         import torch
         import torch.distributed as dist
 
@@ -363,6 +369,9 @@ def run_case(case: Case) -> None:
             work = dist.all_reduce(torch.ones(1), group=pair, async_op=True)
             assert work is not None
             work.wait()  # the caller's own wait on the work
+        elif rank == partner and case.place == "irecv":
+            (work,) = dist.batch_isend_irecv([dist.P2POp(dist.irecv, torch.zeros(1), case.victim)])
+            work.wait()  # the victim never sends
         elif rank == partner:
             dist.all_reduce(torch.ones(1), group=pair)
         elif case.failure == "stall":

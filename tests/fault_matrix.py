@@ -261,6 +261,10 @@ ROWS: list[Row] = [
     # ... behind the wait on an async collective's work (ZeroRedundancyOptimizer's broadcasts)
     raise_("F2", "async", "initialize", 3, 1, bound=B, detect=PUSH),
     stall("async", "spawn", 2, 1, bound=B, full=True),
+    # ... behind the wait on a point-to-point work (a pipeline stage's batch_isend_irecv)
+    stall("irecv", "initialize", 2, 1, bound=B),
+    stall("irecv", "spawn", 3, 2, bound=B, full=True),
+    raise_("F2", "irecv", "spawn", 3, 1, bound=B, detect=PUSH, full=True),
     # ... behind the wait of torch's functional collectives (a DTensor's gather)
     raise_("F2", "dtensor", "spawn", 3, 1, bound=B, detect=PUSH),
     stall("dtensor", "initialize", 2, 1, bound=B),

@@ -3,8 +3,8 @@
 The fault matrix (``fault_matrix.py``, place ``backward``) covers raise / SIGKILL / stall
 during ``loss.backward()``; these tests cover what the matrix does not: the happy path's
 numbers, a user's own DDP with a wrapped fp16 hook, a stall inside DDP's constructor (a
-raw collective), a tensor-parallel layer's waits (torch's functional collectives), and
-torchrun's own Root Cause section. Each failure test makes the four
+raw collective), a tensor-parallel layer's waits (torch's functional collectives), a
+pipeline stage's point-to-point waits, and torchrun's own Root Cause section. Each failure test makes the four
 asserts: in bound, every survivor raised the documented type, the root cause printed,
 nothing left.
 """
@@ -155,6 +155,21 @@ def test_a_stall_before_a_tensor_parallel_forward_is_a_sync_timeout_naming_funco
     assert e["exc"] == "SyncTimeout", e
     assert str(e["msg"]).startswith("funcol.wait_tensor timed out after 3 s: rank(s) [1] did not arrive"), e
     # gloo's timeout is sync_timeout + 1 s, then one whereabouts query (1 s at most)
+    assert TIMEOUT_S < float(e["after"]) < TIMEOUT_S + 1.0 + 1.0 + NOTICE_S, e  # type: ignore[arg-type]
+    root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root) and "did not arrive" in root, root
+    assert res.leftovers == []
+
+
+def test_a_stalled_pipeline_stage_is_a_sync_timeout_out_of_the_other_stages_point_to_point_wait() -> None:
+    # gloo's point-to-point works ignore the group's timeout: tether bounds a wait() given none
+    res = torchrun("pipeline_stages.py", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 1 and res.elapsed < BOUND, res.output[-3000:]
+    assert sorted((e["rank"], e["step"]) for e in lc_events(res, "step")) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    e = survivors(res)[0]
+    assert (e["exc"], e["step"]) == ("SyncTimeout", 2), e
+    assert str(e["msg"]).startswith("Work.wait timed out after 3 s: rank(s) [1] did not arrive"), e
+    # gloo's timed wait is sync_timeout + 1 s, then one whereabouts query (1 s at most)
     assert TIMEOUT_S < float(e["after"]) < TIMEOUT_S + 1.0 + 1.0 + NOTICE_S, e  # type: ignore[arg-type]
     root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
     assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root) and "did not arrive" in root, root

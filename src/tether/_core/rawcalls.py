@@ -16,8 +16,8 @@ and explains them instead:
   forever), so the wrapped ``send`` and ``recv`` (also inside ``send_object_list`` and
   ``recv_object_list``) wait on their async work with the same bound. Not covered:
   DeviceMesh's ``split_group`` path (NCCL groups bound to a device), which imported it
-  by name; the works of ``isend``, ``irecv`` and ``batch_isend_irecv``, whose ``wait()``
-  is the caller's (``work.wait(timeout)`` bounds it; named and explained as below).
+  by name. The works of ``isend``, ``irecv`` and ``batch_isend_irecv`` are the caller's:
+  a ``wait()`` on one given no timeout gets the same bound on gloo (``_p2p_limit``).
 * **Named**: while the context lives, the functions of ``torch.distributed`` listed in
   ``WRAPPED`` are wrapped, and so is ``Work.wait``, the caller's wait on an async call's
   work (``async_op=True``, ``isend``; ``ZeroRedundancyOptimizer`` makes them): the
@@ -171,9 +171,38 @@ def _name_work_waits() -> None:
 
     @functools.wraps(original_wait)
     def wait(self: Work, *args: Any, **kwargs: Any) -> bool:
+        if not args and not kwargs:
+            limit = _p2p_limit(self)
+            if limit is not None:
+                args = (limit,)
         return cast(bool, _outside(IN_WORK_WAIT, None, original_wait, (self, *args), kwargs))
 
     Work.wait = wait  # type: ignore[method-assign]
+
+
+# c10d's OpType of a point-to-point work (torch 2.13: SEND, RECV, RECVANYSOURCE)
+_P2P_OPS = frozenset({12, 13, 14})
+
+
+def _p2p_limit(work: Any) -> datetime.timedelta | None:
+    """The job's bound for a caller's ``wait()`` on a gloo point-to-point work; None: wait as called.
+
+    gloo's point-to-point works ignore the group's timeout: ``dist.irecv(...).wait()`` from
+    a stalled peer waited forever, with ``sync_timeout`` set (measured by hand: a 2-stage
+    ``torch.distributed.pipelining`` schedule, stage 1 stalled, stage 0 still waiting 54 s
+    later in its ``batch_isend_irecv`` works' ``wait()``). With ``sync_timeout``, such a wait
+    given no timeout gets the job's bound, as tether's ``send`` and ``recv`` do; a
+    collective's work already has its group's timeout, and NCCL's (or a mixed backend's)
+    works are left alone: a timed wait there blocks the CPU (``bounded_p2p``).
+    """
+    ctx = context.peek()
+    if ctx is None or ctx.watchdog is None or ctx.settings.timeout is None or ctx.backend.backend() != "gloo":
+        return None
+    try:
+        p2p = int(work._get_op_type()) in _P2P_OPS
+    except Exception:  # a work of another kind, a torch without the method
+        return None
+    return bound(ctx.settings.timeout, None) if p2p else None
 
 
 def _name_ddps_waits() -> None:
