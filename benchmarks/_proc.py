@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,6 +274,50 @@ def add_driver_options(parser: Any, note: str = "the markdown copy", each: str =
         "--ignore-sigterm", action="store_true", help="log a SIGTERM to the driver and go on (Ctrl-C still stops it)"
     )
     parser.add_argument("--note", default="", help=f"a paragraph to put under the title of {note}")
+
+
+def rank_job(n: int, script: str | Path, worker_args: list[str], bound: float) -> dict[str, Any]:
+    """Run ``script --worker *worker_args`` on ``n`` ranks (torchrun, ``OMP_NUM_THREADS=1``), bounded.
+
+    Returns the JSON of the last line of its output that starts with ``RESULT `` (rank 0
+    prints it). A job that fails, prints none or leaves a process behind ends the driver,
+    with the tail of the job's output on stderr.
+    """
+    done = run(torchrun(n, script, "--worker", *worker_args), bound, env={"OMP_NUM_THREADS": "1"})
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or not lines or done.leftovers:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
+        what = Path(script).stem
+        raise SystemExit(f"{what} at {n} ranks failed: exit {done.returncode}, leftovers {done.leftovers}")
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+def per_world(
+    args: Any,
+    title: str,
+    world: Callable[[int], dict[str, Any]],
+    body: Callable[[list[dict[str, Any]]], list[str]],
+    setup: str = "torchrun, gloo, unpinned",
+) -> None:
+    """The driver of a benchmark run as one job per world size: ``world(n)`` for each ``n`` of ``args.ranks``.
+
+    Each behind ``wait_for_load`` (``add_driver_options``' ``--wait-load``, ``--wait-max``),
+    SIGTERM handled as ``--ignore-sigterm`` says; then ``report`` of ``title`` to
+    ``args.out``: ``setup`` and the load seen before each world size, ``--note``'s text,
+    and the lines of ``body(results)``.
+    """
+    exit_on_sigterm(ignore=args.ignore_sigterm)
+    library = [library_state()]
+    results, loads = [], []
+    for n in args.ranks:
+        quiet = wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
+        loads.append(f"{n} ranks: {quiet.describe()}")
+        results.append(world(n))
+    library.append(library_state())
+    setup += ". Load (1-minute average) before each world size: " + "; ".join(loads) + "."
+    text = [*([args.note] if args.note else []), "\n".join(body(results))]
+    report(args.out, title, setup, library, text)
 
 
 def pin_rank(local_rank: int) -> int:

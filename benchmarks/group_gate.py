@@ -96,13 +96,7 @@ def worker(rounds: int, per: int) -> None:
 def run_world(n: int, rounds: int, per: int) -> dict[str, object]:
     import _proc
 
-    args = _proc.torchrun(n, __file__, "--worker", "--rounds", str(rounds), "--per", str(per))
-    done = _proc.run(args, 120 + 2 * rounds * per, env={"OMP_NUM_THREADS": "1"})
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    if done.returncode != 0 or not lines or done.leftovers:
-        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
-        raise SystemExit(f"group_gate at {n} ranks failed: exit {done.returncode}, leftovers {done.leftovers}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return _proc.rank_job(n, __file__, ["--rounds", str(rounds), "--per", str(per)], 120 + 2 * rounds * per)
 
 
 def body(results: list[dict[str, object]], rounds: int, per: int) -> list[str]:
@@ -142,17 +136,12 @@ def main() -> None:
     if args.worker:
         worker(args.rounds, args.per)
         return
-    _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
-    library = [_proc.library_state()]
-    results, loads = [], []
-    for n in args.ranks:
-        quiet = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
-        loads.append(f"{n} ranks: {quiet.describe()}")
-        results.append(run_world(n, args.rounds, args.per))
-    library.append(_proc.library_state())
-    setup = "torchrun, gloo, unpinned. Load (1-minute average) before each world size: " + "; ".join(loads) + "."
-    text = [*([args.note] if args.note else []), "\n".join(body(results, args.rounds, args.per))]
-    _proc.report(args.out, "The gate before a group's creation: benchmark", setup, library, text)
+    _proc.per_world(
+        args,
+        "The gate before a group's creation: benchmark",
+        lambda n: run_world(n, args.rounds, args.per),
+        lambda results: body(results, args.rounds, args.per),
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,164 @@
+"""What tether's wrapper of the functional collectives' wait costs: ``funcol.wait_tensor`` with and without it.
+
+Usage::
+
+    python benchmarks/funcol_wait.py                  # 2 and 4 ranks
+    python benchmarks/funcol_wait.py --ranks 2 --rounds 5
+
+One torchrun job per world size; each rank calls ``tether.initialize("gloo")`` and uses
+one torch thread. While tether runs, the module global ``wait_tensor`` of
+``torch.distributed._functional_collectives`` ("funcol"), where DTensor's ops and every
+``AsyncCollectiveTensor`` wait, is tether's wrapper (``_core/funcol.py``): this rank's
+whereabouts named, then torch's function (``wait_tensor.__wrapped__``). Contenders, in
+the same processes, each making ``--per`` calls of ``funcol.all_reduce(t, "sum",
+dist.group.WORLD).wait()`` in a row per round, on a 1-element and on a 1 MiB (262144
+values) float32 tensor:
+
+* ``torch``: the module's ``wait_tensor`` put back to torch's own for the batch, as
+  without tether;
+* ``tether``: the wrapper in place.
+
+Each round runs the four batches (2 contenders x 2 sizes) in an order shuffled the same
+way on every rank, each behind an untimed ``dist.barrier()``, after one untimed call of
+each. A batch's figure is the slowest rank's time divided by ``--per``, in µs per call
+(the all-reduce's issue and its wait); the table gives the median over rounds with its
+interquartile range, and the ratio tether/torch is the median of the per-round ratios
+(same size, same round) with their quartiles. Writes ``--out`` (default
+``benchmarks/results/funcol-wait.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+CONTENDERS = ("torch", "tether")
+SIZES = {"1 element": 1, "1 MiB": 262144}  # float32 values
+
+
+def row(name: str, size: str) -> str:
+    return f"{name}, {size}"
+
+
+def worker(rounds: int, per: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import tether
+    from tether._core import funcol as wrapping
+
+    torch.set_num_threads(1)
+    tether.initialize("gloo")
+    import torch.distributed._functional_collectives as funcol  # imported after the start: wrapped on import
+
+    wrapper = funcol.wait_tensor
+    if wrapper not in wrapping._wrappers:
+        raise SystemExit(f"funcol.wait_tensor is not tether's wrapper: {wrapper!r}")
+    original = wrapper.__wrapped__  # type: ignore[attr-defined]  # functools.wraps sets it
+    group = dist.group.WORLD
+    assert isinstance(group, dist.ProcessGroup)
+    rank, world = tether.get_rank(), tether.get_world_size()
+    tensors = {size: torch.ones(values, dtype=torch.float32) for size, values in SIZES.items()}
+
+    @contextlib.contextmanager
+    def waiting(name: str) -> Iterator[None]:
+        """The module's ``wait_tensor`` as ``name`` has it, for the batch."""
+        if name == "torch":
+            funcol.wait_tensor = original
+        try:
+            yield
+        finally:
+            funcol.wait_tensor = wrapper
+
+    def batch(t: torch.Tensor, calls: int) -> None:
+        for _ in range(calls):
+            funcol.all_reduce(t, "sum", group).wait()
+
+    for size in SIZES:  # warm-up: one of each
+        for name in CONTENDERS:
+            with waiting(name):
+                batch(tensors[size], 1)
+    us: dict[str, list[float]] = {row(name, size): [] for size in SIZES for name in CONTENDERS}
+    order = [(name, size) for size in SIZES for name in CONTENDERS]
+    shuffle = random.Random(0)  # the same order on every rank
+    for _ in range(rounds):
+        shuffle.shuffle(order)
+        for name, size in order:
+            with waiting(name):
+                dist.barrier()
+                start = time.perf_counter()
+                batch(tensors[size], per)
+                took = time.perf_counter() - start
+            slowest = max(tether.all_gather(took))
+            us[row(name, size)].append(slowest / per * 1e6)
+    if funcol.wait_tensor is not wrapper:
+        raise SystemExit("funcol.wait_tensor was not put back")
+    if rank == 0:
+        print("RESULT " + json.dumps({"world": world, "us": us}), flush=True)
+    tether.finalize()
+
+
+def run_world(n: int, rounds: int, per: int) -> dict[str, Any]:
+    import _proc
+
+    return _proc.rank_job(n, __file__, ["--rounds", str(rounds), "--per", str(per)], 120 + rounds * per * 0.05)
+
+
+def body(results: list[dict[str, Any]], rounds: int, per: int) -> list[str]:
+    import _proc
+
+    lines = [
+        f'µs per `funcol.all_reduce(t, "sum", dist.group.WORLD).wait()`, median of {rounds} rounds of {per} in '
+        "a row (slowest rank per round; IQR = interquartile range in % of the median); ratio = median of the "
+        "per-round ratios to torch's at the same size, with their quartiles.",
+        "",
+        "| contender | tensor | " + " | ".join(f"{r['world']} ranks µs (IQR %) | ratio (IQR)" for r in results) + " |",
+        "|---|---|" + "---|---|" * len(results),
+    ]
+    for size in SIZES:
+        for name in CONTENDERS:
+            cells = []
+            for res in results:
+                us: dict[str, list[float]] = res["us"]
+                q1, med, q3 = _proc.quartiles(us[row(name, size)])
+                r1, ratio, r3 = _proc.paired_ratios(us[row(name, size)], us[row("torch", size)])
+                shown = "1" if name == "torch" else f"{ratio:.3f}x ({r1:.3f} to {r3:.3f})"
+                cells.append(f"{med:.1f} ({(q3 - q1) / med * 100:.0f}%) | {shown}")
+            lines.append(f"| {name} | {size} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    import _proc
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--per", type=int, default=200, help="calls in a row per contender, size and round")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "funcol-wait.md")
+    _proc.add_driver_options(parser)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.rounds, args.per)
+        return
+    _proc.per_world(
+        args,
+        "tether's wrapper of the functional collectives' wait: benchmark",
+        lambda n: run_world(n, args.rounds, args.per),
+        lambda results: body(results, args.rounds, args.per),
+    )
+
+
+if __name__ == "__main__":
+    main()
