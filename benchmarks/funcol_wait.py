@@ -18,6 +18,10 @@ values) float32 tensor:
   without tether;
 * ``tether``: the wrapper in place.
 
+A third pair times ``funcol.wait_tensor`` alone on a tensor whose all-reduce finished
+(torch returns at once): the wrapper's own cost per wait, which the collectives' noise
+hides.
+
 Each round runs the four batches (2 contenders x 2 sizes) in an order shuffled the same
 way on every rank, each behind an untimed ``dist.barrier()``, after one untimed call of
 each. A batch's figure is the slowest rank's time divided by ``--per``, in µs per call
@@ -44,6 +48,8 @@ sys.path.insert(0, str(HERE))
 
 CONTENDERS = ("torch", "tether")
 SIZES = {"1 element": 1, "1 MiB": 262144}  # float32 values
+WAIT_ONLY = "none: the wait alone"  # funcol.wait_tensor on a tensor whose collective finished: the wrapper's own cost
+ROWS = (*SIZES, WAIT_ONLY)
 
 
 def row(name: str, size: str) -> str:
@@ -69,6 +75,7 @@ def worker(rounds: int, per: int) -> None:
     assert isinstance(group, dist.ProcessGroup)
     rank, world = tether.get_rank(), tether.get_world_size()
     tensors = {size: torch.ones(values, dtype=torch.float32) for size, values in SIZES.items()}
+    tensors[WAIT_ONLY] = funcol.all_reduce(torch.ones(1), "sum", group).wait()
 
     @contextlib.contextmanager
     def waiting(name: str) -> Iterator[None]:
@@ -81,15 +88,19 @@ def worker(rounds: int, per: int) -> None:
             funcol.wait_tensor = wrapper
 
     def batch(t: torch.Tensor, calls: int) -> None:
+        if t is tensors[WAIT_ONLY]:
+            for _ in range(calls):
+                funcol.wait_tensor(t)
+            return
         for _ in range(calls):
             funcol.all_reduce(t, "sum", group).wait()
 
-    for size in SIZES:  # warm-up: one of each
+    for size in ROWS:  # warm-up: one of each
         for name in CONTENDERS:
             with waiting(name):
                 batch(tensors[size], 1)
-    us: dict[str, list[float]] = {row(name, size): [] for size in SIZES for name in CONTENDERS}
-    order = [(name, size) for size in SIZES for name in CONTENDERS]
+    us: dict[str, list[float]] = {row(name, size): [] for size in ROWS for name in CONTENDERS}
+    order = [(name, size) for size in ROWS for name in CONTENDERS]
     shuffle = random.Random(0)  # the same order on every rank
     for _ in range(rounds):
         shuffle.shuffle(order)
@@ -125,7 +136,7 @@ def body(results: list[dict[str, Any]], rounds: int, per: int) -> list[str]:
         "| contender | tensor | " + " | ".join(f"{r['world']} ranks µs (IQR %) | ratio (IQR)" for r in results) + " |",
         "|---|---|" + "---|---|" * len(results),
     ]
-    for size in SIZES:
+    for size in ROWS:
         for name in CONTENDERS:
             cells = []
             for res in results:
@@ -133,7 +144,7 @@ def body(results: list[dict[str, Any]], rounds: int, per: int) -> list[str]:
                 q1, med, q3 = _proc.quartiles(us[row(name, size)])
                 r1, ratio, r3 = _proc.paired_ratios(us[row(name, size)], us[row("torch", size)])
                 shown = "1" if name == "torch" else f"{ratio:.3f}x ({r1:.3f} to {r3:.3f})"
-                cells.append(f"{med:.1f} ({(q3 - q1) / med * 100:.0f}%) | {shown}")
+                cells.append(f"{med:.{2 if size == WAIT_ONLY else 1}f} ({(q3 - q1) / med * 100:.0f}%) | {shown}")
             lines.append(f"| {name} | {size} | " + " | ".join(cells) + " |")
     return lines
 
