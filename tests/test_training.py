@@ -200,10 +200,13 @@ def test_register_comm_hook_rejects_what_is_not_a_ddp_or_not_a_hook() -> None:
 
 
 @pytest.mark.full  # dynamo's compile of the step costs each rank seconds
-def test_a_compiled_ddp_model_trains_without_dynamo_tracing_tethers_wrappers() -> None:
+def test_compiled_ddp_and_funcol_code_run_without_dynamo_tracing_tethers_wrappers() -> None:
     res = torchrun("compiled_ddp.py", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.output[-3000:]
     weights = {e["rank"]: e["weight"] for e in lc_events(res, "trained")}
     assert sorted(weights) == [0, 1] and weights[0] == weights[1], weights
     assert "Dynamo does not know how to trace" not in res.output, res.output[-3000:]
+    # funcol's wait_tensor, tether's wrapper, compiled in one graph: 1 + 2 ranks x 0.1 x 0.1
+    values = {e["rank"]: e["value"] for e in lc_events(res, "funcol")}
+    assert sorted(values) == [0, 1] and all(v == pytest.approx([1.02, 1.02]) for v in values.values()), values
     assert res.leftovers == []
