@@ -44,6 +44,13 @@ own such processes: Python's teardown runs at their exit).
   synchronizes: the sum is right, and both ranks exit 0.
 * (g') ``group_peer_raises``: rank 1 raises 1 s in, where rank 0 makes a group of both:
   rank 0 raises ``PeerFailure`` naming rank 1 at the gate, within 1.5 s of the start.
+* (h) ``funcol_sum``: ``funcol.all_reduce(t, "sum", WORLD).wait()`` on a CUDA tensor,
+  through tether's wrapper of ``wait_tensor`` (``_core/funcol.py``), rank 1 2 s late: the
+  sum is right, and both ranks exit 0.
+* (h') ``funcol_peer_raises``: after one such all-reduce together, rank 1 raises 1 s in
+  while rank 0 waits on the next one and reads its sum (``.item()``: NCCL's wait only
+  orders the stream, the CPU blocks in the copy): rank 0 ends within ``grace + 2`` s of
+  the failure, without a signal, and the job's output holds rank 1's error.
 
 Prints one PASS/FAIL line per check, writes them to ``--out`` with the date and the GPU,
 and exits 1 on any FAIL, 2 when it cannot run, 0 otherwise.
@@ -79,6 +86,8 @@ CHECKS = (
     "ddp_peer_raises",
     "group_gate",
     "group_peer_raises",
+    "funcol_sum",
+    "funcol_peer_raises",
 )
 LATE = 2.0  # seconds rank 1 joins late in (a) and (b)
 GRACE = 3.0  # the watchdog's grace in (c'), (d) and (f)
@@ -163,11 +172,42 @@ def rank_main(check: str) -> None:
         except BaseException as exc:
             _say("raised", rank=rank, exc=type(exc).__name__, msg=str(exc)[:300], took=time.monotonic() - start)
             raise
+    elif check in ("funcol_sum", "funcol_peer_raises"):
+        _funcol(check, rank, t)
     elif check == "ddp_grads":
         _ddp_grads(rank, device)
     elif check == "ddp_peer_raises":
         _ddp_peer_raises(rank, device)
     tether.finalize()
+
+
+def _funcol(check: str, rank: int, t: torch.Tensor) -> None:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol  # after the start: tether wraps it on import
+
+    import tether
+
+    if check == "funcol_sum":
+        if rank == 1:
+            time.sleep(LATE)
+        total = float(funcol.all_reduce(t, "sum", dist.group.WORLD).wait()[:4].sum().item())
+        if rank == 0:
+            _say("funcol_sum", total=total, wrapped=hasattr(funcol.wait_tensor, "__wrapped__"))
+        return
+    funcol.all_reduce(t, "sum", dist.group.WORLD).wait()  # together: the communicator connects
+    before = t.sum().item()  # the CPU waits for the GPU: both ranks are past the first
+    if rank == 1:
+        time.sleep(1.0)
+        raise RuntimeError("rank 1 failed on purpose")
+    start = time.monotonic()
+    _say("blocked", rank=rank, time=time.time(), before=before)
+    try:
+        funcol.all_reduce(t, "sum", dist.group.WORLD).wait().sum().item()
+        _say("returned", rank=rank, took=time.monotonic() - start)
+        tether.barrier()  # the next tether call raises the failure
+    except BaseException as exc:
+        _say("raised", rank=rank, exc=type(exc).__name__, msg=str(exc)[:300], took=time.monotonic() - start)
+        raise
 
 
 def _layers(device: torch.device) -> torch.nn.Module:
@@ -353,6 +393,11 @@ def judge(
         took_s, total = float(e.get("took", 0.0)), e.get("total")  # type: ignore[arg-type]
         ok = took_s >= LATE - 0.5 and total == 8.0 and codes == [0, 0]
         return ok, f"tether.all_reduce returned after {took_s:.2f} s (peer {LATE:g} s late), sum {total}, codes {codes}"
+    if check == "funcol_sum":
+        e = _event(events, "funcol_sum")
+        ok = e.get("total") == 8.0 and e.get("wrapped") is True and codes == [0, 0]
+        how = f"through tether's wait_tensor: {e.get('wrapped')}"
+        return ok, f"funcol all-reduce ({how}): sum {e.get('total')}, codes {codes}"
     if check == "group_gate":
         total = _event(events, "group_gate").get("total")
         ok = total == 8.0 and codes == [0, 0]
@@ -366,7 +411,7 @@ def judge(
             f"bitwise {e.get('bitwise')}, backward {e.get('backward_s')} s (peer {LATE:g} s late); codes {codes}"
         )
     e = next((e for e in events if e["event"] == "raised" and e["rank"] == 0), {})
-    if check == "ddp_peer_raises":
+    if check in ("ddp_peer_raises", "funcol_peer_raises"):
         ok = _no_signal(codes[0]) and took < 1.0 + GRACE + 2.0 + 20.0 and "failed on purpose" in text
         how = f"raised {e.get('exc')} after {e.get('took')} s: {str(e.get('msg'))[:120]}" if e else "no exception seen"
         cause = "failed on purpose" in text
