@@ -124,7 +124,10 @@ def test_a_zero_redundancy_optimizer_resumes_bitwise_from_its_periodic_save_and_
                 twice.append((rank, d["step"], d["attempt"]))
                 assert again[key] == (d["step"], d["idx"]), key  # the same step, the same samples
             again[key] = (d["step"], d["idx"])
-    assert sorted(twice) == [(0, 5, 1), (1, 5, 1)], twice
+    # rank 1 finished step 5 and failed at step 6; rank 0 trained step 5 again too, unless
+    # the failure met it still inside step 5's optimizer.step(), in a broadcast's wait whose
+    # data had not arrived (seen once under a --full run's load): then step 5 is only in attempt 1
+    assert (1, 5, 1) in twice and set(twice) <= {(0, 5, 1), (1, 5, 1)}, twice
     assert again == trained(reference)
     ref_weights, got = weights(reference), weights(out)
     assert ref_weights.keys() == got.keys()

@@ -161,6 +161,20 @@ def test_a_stall_before_a_tensor_parallel_forward_is_a_sync_timeout_naming_funco
     assert res.leftovers == []
 
 
+def test_the_wait_on_a_completed_work_returns_after_a_peers_failure_and_the_next_wait_raises_it() -> None:
+    # a step whose data arrived is finished whole (ZeroRedundancyOptimizer's broadcasts)
+    res = python("completed_wait.py", bound=BOUND)
+    assert res.returncode == 7 and res.elapsed < BOUND, res.output[-3000:]
+    waited = [(e["rank"], e["done"], e["value"]) for e in lc_events(res, "waited")]
+    assert waited == [(0, True, 0.2)], res.output[-3000:]
+    (fault,) = lc_events(res, "fault")
+    e = survivors(res)[0]
+    assert (e["exc"], e["failing"], e["orig_type"]) == ("PeerFailure", 1, "ValueError"), e
+    assert float(e["time"]) - float(fault["time"]) < NOTICE_S  # type: ignore[arg-type]
+    assert res.stderr.count("Root cause: rank 1 failed: ValueError: rank 1 failed after its all-reduce 0.1") == 1
+    assert res.leftovers == []
+
+
 def test_a_stalled_pipeline_stage_is_a_sync_timeout_out_of_the_other_stages_point_to_point_wait() -> None:
     # gloo's point-to-point works ignore the group's timeout: tether bounds a wait() given none
     res = torchrun("pipeline_stages.py", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})

@@ -163,6 +163,14 @@ def _name_work_waits() -> None:
     ``RuntimeError`` ("Connection closed by peer"), in the user's code, and a stalled peer's
     timeout named the waiting rank's call "user code". A wait made inside a tether call or
     off the main thread is tether's own or not named: it runs as called.
+
+    A work already completed has nothing to wait for: its wait returns as torch's does, also
+    after a peer's failure became known, and the failure is raised at the next wait that
+    would block. Before, that wait raised it at once: in a ``pytest --full`` run (2026-12-05,
+    two cores, three tests at a time), a ZeroRedundancyOptimizer's rank 0 raised it in the middle of its
+    step's ``optimizer.step()``, in the wait on a broadcast whose data had arrived, because
+    rank 1 had finished the same step and failed at the next (a step left half done, where
+    it could have been whole; ``tests/jobs/completed_wait.py``).
     """
     from torch._C._distributed_c10d import Work
 
@@ -171,6 +179,11 @@ def _name_work_waits() -> None:
 
     @functools.wraps(original_wait)
     def wait(self: Work, *args: Any, **kwargs: Any) -> bool:
+        if self.is_completed():  # nothing to wait for (see below)
+            try:
+                return cast(bool, original_wait(self, *args, **kwargs))
+            except RuntimeError:
+                pass  # a work that failed: its error gets the true story below
         if not args and not kwargs:
             limit = _p2p_limit(self)
             if limit is not None:
