@@ -679,16 +679,21 @@ def _sharded(out: Path, *args: str) -> Result:
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
-def test_sharded_state_resumes_from_dcp_checkpoints_bitwise_and_saves_no_emergency_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split", ["fsdp", "tp"])
+def test_sharded_state_resumes_from_dcp_checkpoints_bitwise_and_saves_no_emergency_one(
+    tmp_path: Path, split: str
+) -> None:
+    # fully_shard, or tensor parallelism (parallelize_module): DTensor parameters either way
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     reference.mkdir()
     interrupted.mkdir()
-    ref = _sharded(reference)
+    tp = ["--tp"] if split == "tp" else []
+    ref = _sharded(reference, *tp)
     assert ref.returncode == 0, ref.output[-3000:]
-    res = _sharded(interrupted, "--fail-step", "10")
+    res = _sharded(interrupted, "--fail-step", "10", *tp)
     err = res.stderr
     assert res.returncode == 0, res.output[-4000:]  # restarted once, then finished
-    why = "'model' is sharded (FSDP), and a failed rank's shard is gone with it"
+    why = "'model' is sharded (FSDP or tensor parallelism), and a failed rank's shard is gone with it"
     assert err.count(f"tether: rank 0 saved no emergency checkpoint: {why}") == 1, err[-4000:]
     assert f"Emergency checkpoint: none (rank 0: {why})" in err, err[-4000:]  # the report says why
     assert "RuntimeError: rank 1 failed at step 10" in err and "rank 0: stopped: PEER_FAILED" in err, err[-4000:]
@@ -710,7 +715,7 @@ def test_a_preempted_sharded_job_says_why_it_saved_no_emergency_checkpoint_and_r
     assert res.returncode == 143, res.output[-4000:]  # the launcher stopped: no restart
     assert err.count("tether: job stopped (SIGTERM); every rank stopped (") == 1, err[-4000:]
     # before: "a failed rank's shard is gone with it", where no rank had failed
-    why = "'model' is sharded (FSDP), and its save would need every rank's shard at one step"
+    why = "'model' is sharded (FSDP or tensor parallelism), and its save would need every rank's shard at one step"
     assert f"saved no emergency checkpoint: {why}" in err and "failed rank" not in err, err[-4000:]
     assert not (tmp_path / "final.pt").exists()
     again = _sharded(tmp_path)

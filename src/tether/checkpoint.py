@@ -391,7 +391,7 @@ class Checkpointer:
         why_not = None
         if self._sharded is not None:
             stop = "its save would need every rank's shard at one step: the last periodic save is the one to resume"
-            why_not = f"{self._sharded!r} is sharded (FSDP), and " + (
+            why_not = f"{self._sharded!r} is sharded (FSDP or tensor parallelism), and " + (
                 stop if _a_stop(exc) else "a failed rank's shard is gone with it"
             )
         elif self._zero:

@@ -1,6 +1,6 @@
 """FSDP (``fully_shard``) training that a failure interrupts and ``tether.spawn`` restarts (issue 12).
 
-    python sharded_resume.py OUT [--fail-step K | --stop-step K]
+    python sharded_resume.py OUT [--fail-step K | --stop-step K] [--tp]
 
 2 ranks on gloo, 2 epochs of shuffled data (DistributedSampler, seed 0); every rank
 holds a shard of the model and the optimizer. ``tether.Checkpointer`` saves every 4 steps
@@ -9,7 +9,10 @@ emergency checkpoint (the lost shard is rank 1's) and says so, and the restarted
 resumes from the last periodic one. With ``--stop-step K`` rank 0 sends the launcher a
 SIGTERM at step K instead (a preemption): the job stops, no rank saves an emergency
 checkpoint and each says why, and the next run resumes from the last periodic one. Rank 0
-saves the full final weights to ``OUT/final.pt``.
+saves the full final weights to ``OUT/final.pt``. With ``--tp`` the model is split by
+tensor parallelism instead (``parallelize_module``: the first layer by columns, the second
+by rows, on a 1-D mesh), and both ranks train on the same batches, as tensor-parallel
+ranks do.
 """
 
 import argparse
@@ -19,7 +22,9 @@ from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import tether
@@ -28,6 +33,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--fail-step", type=int, default=-1)
 parser.add_argument("--stop-step", type=int, default=-1)
+parser.add_argument("--tp", action="store_true", help="tensor parallelism instead of fully_shard")
 
 
 def train(local_rank: int, args: argparse.Namespace) -> None:
@@ -37,12 +43,18 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     x = torch.randn(64, 8, generator=gen)
     y = x @ torch.randn(8, 1, generator=gen) + 0.1
     data = TensorDataset(x, y)
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    replicas, replica = (1, 0) if args.tp else (world, rank)  # tensor-parallel ranks share their batches
+    sampler = DistributedSampler(data, num_replicas=replicas, rank=replica, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=4, sampler=sampler)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if args.tp:
+        mesh = init_device_mesh("cpu", (world,))
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    else:
+        fully_shard(model)
+    lr = 0.01 if args.tp else 0.05  # twice the steps of one batch each (no data split): 0.05 diverged
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(args.out, "ckpt"), every=4)
     start = ckpt.resume()
     for epoch in range(start.epoch, 2):
