@@ -80,8 +80,8 @@ manifest is missing, unreadable, of another format or world size, or whose check
 not match, and falls back to the next newest. Nothing is ever deleted unless ``keep=``
 asks to rotate.
 
-**Sharded state (FSDP).** A model whose parameters are sharded (``fully_shard``'s DTensor
-parameters, FSDP's wrapper) is saved with ``torch.distributed.checkpoint``: at every
+**Sharded state (FSDP, tensor parallelism).** A model whose parameters are sharded
+(``fully_shard``'s or ``parallelize_module``'s DTensor parameters, FSDP's wrapper) is saved with ``torch.distributed.checkpoint``: at every
 periodic save each rank writes its shards (``dcp.save``, synchronous: a collective), rank 0
 adds ``state.pt`` (position, random states) and a manifest whose checksum covers every
 file, and ``resume`` loads every rank's shards with ``dcp.load`` (``tether/_sharded.py``).
