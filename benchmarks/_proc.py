@@ -377,6 +377,30 @@ def paired_ratios(xs: list[float], base: list[float]) -> tuple[float, float, flo
     return quartiles([a / b for a, b in zip(xs, base, strict=True)])
 
 
+def ratio_cells(xs: list[float], base: list[float], digits: int, is_base: bool) -> str:
+    """Two table cells: ``xs``' median with its IQR in % of it, and the median per-round
+    ratio to ``base`` with its quartiles ("1" for the baseline itself)."""
+    q1, med, q3 = quartiles(xs)
+    r1, ratio, r3 = paired_ratios(xs, base)
+    shown = "1" if is_base else f"{ratio:.3f}x ({r1:.3f} to {r3:.3f})"
+    return f"{med:.{digits}f} ({(q3 - q1) / med * 100:.0f}%) | {shown}"
+
+
+def rounds_args(doc: str, per: int, per_help: str, out: Path) -> Any:
+    """The arguments of a benchmark of rounds of batches (``--ranks``, ``--rounds``, ``--per``,
+    ``--out``, the driver's options, the hidden ``--worker``), parsed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--per", type=int, default=per, help=per_help)
+    parser.add_argument("--out", type=Path, default=out)
+    add_driver_options(parser)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
 def verdict(q1: float, q3: float, limit: float) -> str:
     """*met* when the upper quartile is within ``limit``, *not met* when the IQR crosses it."""
     if q3 <= limit:

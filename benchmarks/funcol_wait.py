@@ -33,7 +33,6 @@ interquartile range, and the ratio tether/torch is the median of the per-round r
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import random
@@ -141,10 +140,8 @@ def body(results: list[dict[str, Any]], rounds: int, per: int) -> list[str]:
             cells = []
             for res in results:
                 us: dict[str, list[float]] = res["us"]
-                q1, med, q3 = _proc.quartiles(us[row(name, size)])
-                r1, ratio, r3 = _proc.paired_ratios(us[row(name, size)], us[row("torch", size)])
-                shown = "1" if name == "torch" else f"{ratio:.3f}x ({r1:.3f} to {r3:.3f})"
-                cells.append(f"{med:.{2 if size == WAIT_ONLY else 1}f} ({(q3 - q1) / med * 100:.0f}%) | {shown}")
+                digits = 2 if size == WAIT_ONLY else 1
+                cells.append(_proc.ratio_cells(us[row(name, size)], us[row("torch", size)], digits, name == "torch"))
             lines.append(f"| {name} | {size} | " + " | ".join(cells) + " |")
     return lines
 
@@ -152,14 +149,8 @@ def body(results: list[dict[str, Any]], rounds: int, per: int) -> list[str]:
 def main() -> None:
     import _proc
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--per", type=int, default=200, help="calls in a row per contender, size and round")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "funcol-wait.md")
-    _proc.add_driver_options(parser)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    per = "calls in a row per contender, size and round"
+    args = _proc.rounds_args(__doc__, 200, per, HERE / "results" / "funcol-wait.md")
     if args.worker:
         worker(args.rounds, args.per)
         return

@@ -26,7 +26,6 @@ per-round ratios with their quartiles. Writes ``--out`` (default
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import random
@@ -114,10 +113,7 @@ def body(results: list[dict[str, object]], rounds: int, per: int) -> list[str]:
         cells = []
         for res in results:
             ms: dict[str, list[float]] = res["ms"]  # type: ignore[assignment]
-            q1, med, q3 = _proc.quartiles(ms[name])
-            r1, ratio, r3 = _proc.paired_ratios(ms[name], ms["torch"])
-            shown = "1" if name == "torch" else f"{ratio:.3f}x ({r1:.3f} to {r3:.3f})"
-            cells.append(f"{med:.2f} ({(q3 - q1) / med * 100:.0f}%) | {shown}")
+            cells.append(_proc.ratio_cells(ms[name], ms["torch"], 2, name == "torch"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -125,14 +121,8 @@ def body(results: list[dict[str, object]], rounds: int, per: int) -> list[str]:
 def main() -> None:
     import _proc
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--per", type=int, default=10, help="groups made in a row per contender and round")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "group-gate.md")
-    _proc.add_driver_options(parser)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    per = "groups made in a row per contender and round"
+    args = _proc.rounds_args(__doc__, 10, per, HERE / "results" / "group-gate.md")
     if args.worker:
         worker(args.rounds, args.per)
         return
