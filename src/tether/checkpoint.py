@@ -81,10 +81,11 @@ not match, and falls back to the next newest. Nothing is ever deleted unless ``k
 asks to rotate.
 
 **Sharded state (FSDP, tensor parallelism).** A model whose parameters are sharded
-(``fully_shard``'s or ``parallelize_module``'s DTensor parameters, FSDP's wrapper) is saved with ``torch.distributed.checkpoint``: at every
-periodic save each rank writes its shards (``dcp.save``, synchronous: a collective), rank 0
-adds ``state.pt`` (position, random states) and a manifest whose checksum covers every
-file, and ``resume`` loads every rank's shards with ``dcp.load`` (``tether/_sharded.py``).
+(``fully_shard``'s or ``parallelize_module``'s DTensor parameters, FSDP's wrapper) is
+saved with ``torch.distributed.checkpoint``: at every periodic save each rank writes its
+shards (``dcp.save``, synchronous: a collective), rank 0 adds ``state.pt`` (position,
+random states) and a manifest whose checksum covers every file, and ``resume`` loads every
+rank's shards with ``dcp.load`` (``tether/_sharded.py``).
 No emergency checkpoint exists for such state: the failed rank's shard is gone with it,
 and on a stop (a preemption) the ranks would have to agree on one step to save; the job
 resumes from the last periodic save.
