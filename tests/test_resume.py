@@ -125,8 +125,9 @@ def test_a_zero_redundancy_optimizer_resumes_bitwise_from_its_periodic_save_and_
                 assert again[key] == (d["step"], d["idx"]), key  # the same step, the same samples
             again[key] = (d["step"], d["idx"])
     # rank 1 finished step 5 and failed at step 6; rank 0 trained step 5 again too, unless
-    # the failure met it still inside step 5's optimizer.step(), in a broadcast's wait whose
-    # data had not arrived (seen once under a --full run's load): then step 5 is only in attempt 1
+    # the failure met it still inside step 5's optimizer.step(), in the wait on a broadcast
+    # whose data had not arrived yet: then its step 5 is in attempt 1 only. (Once, under a
+    # --full run's load, such a wait raised on data that had arrived: rawcalls, c02781c.)
     assert (1, 5, 1) in twice and set(twice) <= {(0, 5, 1), (1, 5, 1)}, twice
     assert again == trained(reference)
     ref_weights, got = weights(reference), weights(out)

@@ -4,9 +4,9 @@ The fault matrix (``fault_matrix.py``, place ``backward``) covers raise / SIGKIL
 during ``loss.backward()``; these tests cover what the matrix does not: the happy path's
 numbers, a user's own DDP with a wrapped fp16 hook, a stall inside DDP's constructor (a
 raw collective), a tensor-parallel layer's waits (torch's functional collectives), a
-pipeline stage's point-to-point waits, and torchrun's own Root Cause section. Each failure test makes the four
-asserts: in bound, every survivor raised the documented type, the root cause printed,
-nothing left.
+pipeline stage's point-to-point waits, and torchrun's own Root Cause section. Each
+failure test makes the four asserts: in bound, every survivor raised the documented
+type, the root cause printed, nothing left.
 """
 
 from __future__ import annotations
