@@ -411,6 +411,11 @@ class Checkpointer:
             if ctx.channel is not None:  # the report's line (a consistent survivor's save, if any, says it later)
                 with contextlib.suppress(Exception):
                     ctx.channel.announce_emergency(f"rank {rank}: {why_not}", 0.0)
+            # a periodic save still being written is then the newest to resume: the process
+            # must not end before it is on disk (it ended it: a ZeRO job whose save of step 4
+            # was on its way when the peer failed resumed from step 2, tests/test_resume.py).
+            # A split save whose parts a failed peer owed ends at once (``_ckpt_parts``)
+            self.wait()
             return
         position = self.position  # between steps, and in a step that had not stepped the optimizers
         if self._stepped and epoch is not None and iteration is not None:

@@ -94,10 +94,33 @@ parser.add_argument(
     help="rank R SIGTERMs itself at step K, before its forward (attempt 0): one rank stopped, not the job",
 )
 parser.add_argument(
+    "--slow-save",
+    type=int,
+    default=-1,
+    help="rank 0's writer of the periodic save of step K sleeps 1.5 s after state.pt (attempt 0): still being written",
+)
+parser.add_argument(
     "--settle-before-fail",
     action="store_true",
     help="the failing rank waits for its part of a periodic save still being written before it raises",
 )
+
+
+def slow_save(step: int) -> None:
+    """rank 0's periodic save of ``step`` stays on its way 1.5 s: a failure comes meanwhile (attempt 0)."""
+    from tether import checkpoint
+
+    original = checkpoint.torch.save
+
+    def save(obj: object, f: object, *a: object, **kw: object) -> None:
+        original(obj, f, *a, **kw)  # type: ignore[arg-type]
+        position = obj.get("position") if isinstance(obj, dict) else None
+        periodic = threading.current_thread().name == "tether-checkpoint"
+        if periodic and position is not None and position["step"] == step and tether.get_rank() == 0:
+            time.sleep(1.5)
+
+    checkpoint.torch.save = save  # type: ignore[assignment]
+
 
 LATE = threading.Event()  # set around the backward() whose all-reduce is handed back late
 LATE_REGISTER = threading.Event()  # set around the backward() whose all-reduce is registered late
@@ -224,6 +247,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if args.kill_in_save and attempt == 0:
         kill_in_save(args.kill_in_save, args.fail_step)
+    if args.slow_save >= 0 and attempt == 0:
+        slow_save(args.slow_save)
     if args.late_allreduce and attempt == 0:
         late_allreduce(args)
     if args.late_register and attempt == 0:
