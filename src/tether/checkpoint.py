@@ -62,7 +62,9 @@ on the job's store and writes it with SIGTERM deferred (torchrun SIGTERMs surviv
 after a worker died and SIGKILLs them 30 s later; tether's launcher waits
 ``emergency_budget``), prints one line saying which step it saved and where, and the
 exception goes on. A survivor whose failure came in the middle of ``optimizer.step()``
-writes nothing, and says why; so does every survivor of sharded training. The same
+writes nothing, and says why; so does every survivor of sharded training or of a
+``ZeroRedundancyOptimizer``; each still lets a periodic save on its way reach the disk
+before it ends (the newest one to resume). The same
 failures met between steps (the evaluation's collective; a preemption's SIGTERM in the
 data loader) find the replica at the last completed step: once the rank's failure is
 posted (``Context.on_failure``), that step is saved the same way.
