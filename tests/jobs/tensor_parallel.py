@@ -39,6 +39,10 @@ def main() -> None:
     out = layer(x)
     out = out.full_tensor() if hasattr(out, "full_tensor") else out
     emit("step", rank=rank, exact=torch.equal(out, full(x)), shape=list(out.shape))
+    # both ranks are past step 1: a failure posted while a rank still read step 1's gathered
+    # output would meet that wait (funcol's wait raises a known failure at once, seen under
+    # a --full run's load: rank 0 never reported step 1)
+    tether.barrier()
     began = time.time()
     try:
         if rank == 1:
