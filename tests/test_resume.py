@@ -137,18 +137,23 @@ def test_a_zero_redundancy_optimizer_resumes_bitwise_from_its_periodic_save_and_
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
+@pytest.mark.parametrize("failing", [1, 0], ids=["a-survivor-writes", "the-failing-rank-writes"])
 def test_a_periodic_save_still_on_its_way_when_no_emergency_save_is_possible_reaches_the_disk(
-    tmp_path: Path,
+    tmp_path: Path, failing: int
 ) -> None:
     # ZeRO: no survivor can save an emergency checkpoint, so the periodic save of step 4,
-    # still being written by rank 0's thread (held 1.5 s) when rank 1 fails at step 6, is
-    # the one to resume; the survivor exited without waiting for it, and the restart
-    # resumed from step 2 (a fresh clone's run at 71470fa, by the timing of that run)
-    res = torchrun(tmp_path, "--zero", "--every", "2", "--fail-step", "5", "--fail-rank", "1", "--slow-save", "4")
+    # still being written by rank 0's thread (held 1.5 s) when a rank fails at step 6, is
+    # the one to resume. A survivor rank 0 exited without waiting for it (a fresh clone's
+    # run at 71470fa, by its timing), and so did a failing rank 0 (tether's excepthook ends
+    # with os._exit): the restart resumed from step 2
+    args = ("--zero", "--every", "2", "--fail-step", "5", "--fail-rank", str(failing), "--slow-save", "4")
+    res = torchrun(tmp_path, *args)
     out = res.output
+    survivor = 1 - failing
     assert res.returncode == 0, out[-4000:]  # within BOUND, restarted once
-    assert "[rank 0] stopped: PeerFailure: rank 1 failed: RuntimeError: injected failure at step 5" in out, out[-4000:]
-    assert out.count("rank 0 saved no emergency checkpoint: 'optimizer' is a ZeroRedundancyOptimizer") == 1
+    root = f"rank {failing} failed: RuntimeError: injected failure at step 5"
+    assert f"[rank {survivor}] stopped: PeerFailure: {root}" in out, out[-4000:]
+    assert out.count(f"rank {survivor} saved no emergency checkpoint: 'optimizer' is a ZeroRedundancyOptimizer") == 1
     assert out.count("resumed from the periodic checkpoint of step 4") == 1, out[-4000:]
     assert res.leftovers == []
 

@@ -64,7 +64,8 @@ after a worker died and SIGKILLs them 30 s later; tether's launcher waits
 exception goes on. A survivor whose failure came in the middle of ``optimizer.step()``
 writes nothing, and says why; so does every survivor of sharded training or of a
 ``ZeroRedundancyOptimizer``; each still lets a periodic save on its way reach the disk
-before it ends (the newest one to resume). The same
+before it ends (the newest one to resume), as the failing rank does once its failure is
+posted (``_finish_writing``). The same
 failures met between steps (the evaluation's collective; a preemption's SIGTERM in the
 data loader) find the replica at the last completed step: once the rank's failure is
 posted (``Context.on_failure``), that step is saved the same way.
@@ -106,6 +107,7 @@ emergency save is one rank's alone, and needs nobody else.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
@@ -114,6 +116,7 @@ import shutil
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -218,6 +221,7 @@ class Checkpointer:
         self._deferred = Deferred()  # SIGINT/SIGTERM put off while the optimizers step (in ``step``)
         self._ended = False  # a failure ended training here: its emergency save was decided
         self._writer: threading.Thread | None = None
+        self._joined_at_exit = False  # ``_finish_writing`` registered
         self._released = threading.Event()  # the writer is done reading what the optimizers change
         self._released.set()
         self._hurry = threading.Event()  # an optimizer step waits for that: copy the rest, write it from the copy
@@ -484,6 +488,13 @@ class Checkpointer:
         # daemon was stopped mid-write, leaving a .tmp- directory (tests/test_resume.py)
         self._writer = threading.Thread(target=self._write_behind, args=(state, save), name="tether-checkpoint")
         self._writer.start()
+        if not self._joined_at_exit:
+            # a rank that fails on its own exception ends from tether's excepthook, which runs
+            # the exit functions and then os._exit: no join of non-daemon threads. Its save
+            # on its way was lost there (ZeRO, rank 0 failing while it wrote step 4's save: the
+            # restart resumed from step 2). This runs after the failure was posted
+            atexit.register(_finish_writing, weakref.ref(self))
+            self._joined_at_exit = True
 
     def _write_behind(self, state: dict[str, Any], save: _Save) -> None:
         """The periodic save's thread: it reads what the optimizers change at once (the next
@@ -665,6 +676,17 @@ class _Save:
 
 
 CLAIM_WINDOW = 0.25  # seconds survivors offer to write the emergency save before the lowest claims it
+
+
+def _finish_writing(checkpointer: weakref.ref[Checkpointer]) -> None:
+    """At the exit: wait for a periodic save still being written, a launcher's stop held
+    meanwhile (torchrun SIGKILLs 30 s after its SIGTERM). A split save that waits for a
+    part ends at once, the job's failure being posted (``_ckpt_parts``)."""
+    ckpt = checkpointer()
+    if ckpt is None or ckpt._writer is None or threading.current_thread() is not threading.main_thread():
+        return
+    with holding([signal.SIGTERM, signal.SIGINT]):
+        ckpt.wait()
 
 
 def _is_zero(obj: object) -> bool:
