@@ -401,6 +401,33 @@ def rounds_args(doc: str, per: int, per_help: str, out: Path) -> Any:
     return parser.parse_args()
 
 
+def rounds_main(
+    doc: str,
+    script: str | Path,
+    title: str,
+    per: tuple[int, str],
+    out: Path,
+    worker: Callable[[int, int], None],
+    body: Callable[[list[dict[str, Any]], int, int], list[str]],
+    bound: Callable[[int, int], float],
+) -> None:
+    """A benchmark of rounds of batches, one torchrun job per world size: ``worker(rounds,
+    per)`` in each rank (``--worker``), else the driver (``per_world``), each job bounded by
+    ``bound(rounds, per)`` seconds, its table ``body(results, rounds, per)``. ``per``: the
+    default of ``--per`` and its help."""
+    args = rounds_args(doc, per[0], per[1], out)
+    if args.worker:
+        worker(args.rounds, args.per)
+        return
+    argv = ["--rounds", str(args.rounds), "--per", str(args.per)]
+    per_world(
+        args,
+        title,
+        lambda n: rank_job(n, script, argv, bound(args.rounds, args.per)),
+        lambda results: body(results, args.rounds, args.per),
+    )
+
+
 def verdict(q1: float, q3: float, limit: float) -> str:
     """*met* when the upper quartile is within ``limit``, *not met* when the IQR crosses it."""
     if q3 <= limit:

@@ -118,12 +118,6 @@ def worker(rounds: int, per: int) -> None:
     tether.finalize()
 
 
-def run_world(n: int, rounds: int, per: int) -> dict[str, Any]:
-    import _proc
-
-    return _proc.rank_job(n, __file__, ["--rounds", str(rounds), "--per", str(per)], 120 + rounds * per * 0.05)
-
-
 def body(results: list[dict[str, Any]], rounds: int, per: int) -> list[str]:
     import _proc
 
@@ -149,16 +143,15 @@ def body(results: list[dict[str, Any]], rounds: int, per: int) -> list[str]:
 def main() -> None:
     import _proc
 
-    per = "calls in a row per contender, size and round"
-    args = _proc.rounds_args(__doc__, 200, per, HERE / "results" / "funcol-wait.md")
-    if args.worker:
-        worker(args.rounds, args.per)
-        return
-    _proc.per_world(
-        args,
+    _proc.rounds_main(
+        __doc__,
+        __file__,
         "tether's wrapper of the functional collectives' wait: benchmark",
-        lambda n: run_world(n, args.rounds, args.per),
-        lambda results: body(results, args.rounds, args.per),
+        (200, "calls in a row per contender, size and round"),
+        HERE / "results" / "funcol-wait.md",
+        worker,
+        body,
+        lambda rounds, per: 120 + rounds * per * 0.05,
     )
 
 

@@ -92,12 +92,6 @@ def worker(rounds: int, per: int) -> None:
     tether.finalize()
 
 
-def run_world(n: int, rounds: int, per: int) -> dict[str, object]:
-    import _proc
-
-    return _proc.rank_job(n, __file__, ["--rounds", str(rounds), "--per", str(per)], 120 + 2 * rounds * per)
-
-
 def body(results: list[dict[str, object]], rounds: int, per: int) -> list[str]:
     import _proc
 
@@ -121,16 +115,15 @@ def body(results: list[dict[str, object]], rounds: int, per: int) -> list[str]:
 def main() -> None:
     import _proc
 
-    per = "groups made in a row per contender and round"
-    args = _proc.rounds_args(__doc__, 10, per, HERE / "results" / "group-gate.md")
-    if args.worker:
-        worker(args.rounds, args.per)
-        return
-    _proc.per_world(
-        args,
+    _proc.rounds_main(
+        __doc__,
+        __file__,
         "The gate before a group's creation: benchmark",
-        lambda n: run_world(n, args.rounds, args.per),
-        lambda results: body(results, args.rounds, args.per),
+        (10, "groups made in a row per contender and round"),
+        HERE / "results" / "group-gate.md",
+        worker,
+        body,
+        lambda rounds, per: 120 + 2 * rounds * per,
     )
 
 
