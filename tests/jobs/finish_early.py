@@ -13,6 +13,8 @@ all_reduce with ``--collective``. Rank 0 must raise ``PeerFinished`` naming rank
 With ``exit2`` rank 0 starts its wait once rank 1's exit functions have run (a file
 says so): torchrun's SIGTERM then reaches rank 0 about when its first check of finished
 ranks would (0.5 s into the wait), and the story must not depend on which comes first.
+Rank 1's exit functions can last seconds on a loaded machine (tether's joins its stopped
+threads): rank 0 says when its wait began (``waits``).
 ``FINISH_EARLY_SLOW_EXIT=S`` makes rank 1's teardown after them last S seconds more.
 """
 
@@ -32,6 +34,7 @@ EXITED = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tether-finish-early-{o
 
 
 def _exited() -> None:  # registered before tether's: runs after tether's exit function
+    emit("exited", rank=1, time=time.time())
     with open(EXITED, "w"):
         pass
 
@@ -69,6 +72,7 @@ def fn(local_rank: int) -> None:
         while not os.path.exists(EXITED):
             time.sleep(0.005)
         os.unlink(EXITED)
+    emit("waits", rank=rank, time=time.time())  # the notice's bound counts from here
     try:
         if COLLECTIVE:
             tether.all_reduce(0.1)
