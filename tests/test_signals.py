@@ -19,6 +19,7 @@ root cause is rank 1's error, and rank 0 must exit 3 with an error file that say
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,22 @@ def test_a_users_own_handler_that_returns_leaves_every_tether_wait_to_complete()
     assert all(done[r]["results"] == [None, r, pytest.approx(1.2)] for r in (0, 1)), done  # all_reduce: 0.1 + 1.1
     waited = {(e["rank"], e["kind"]): e["seconds"] for e in events(res, "waited")}
     assert all(waited[0, kind] > 0.5 for kind in ("barrier", "one_rank_first", "all_reduce")), waited
+    assert res.leftovers == []
+
+
+def test_a_signal_while_a_rank_retires_writes_nothing_into_a_file_the_rank_just_opened() -> None:
+    # the watchdog closed its signal pipe before the hooks took the interpreter's wakeup fd
+    # off it: the signal's number (0x0a, SIGUSR1) went into the third file, which had taken
+    # the pipe's write end's fd; with no file there, Python printed "Exception ignored when
+    # trying to write to the signal wakeup fd" (a fresh-clone run of test_start_method)
+    res = python("signal_in_retire.py", bound=60)
+    assert res.returncode == 0, tail(res)
+    retired = {e["rank"]: e for e in events(res, "retired")}
+    assert sorted(retired) == [0, 1], tail(res)
+    for e in retired.values():
+        assert e["written"] == ["", "", "", ""], e
+        assert e["caught"] == [signal.SIGUSR1], e  # the user's handler still ran
+    assert "wakeup fd" not in res.output, tail(res)
     assert res.leftovers == []
 
 

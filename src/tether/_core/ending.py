@@ -54,6 +54,7 @@ def retire(ctx: Context, *, leave: bool = False) -> None:
     ctx.watchdog.stop(announce=ctx.hosts_store)  # only the store's host takes the store away
     if ctx.hooks is not None:
         ctx.hooks.uninstall(keep_exit=ctx.failed)
+    ctx.watchdog.close()
 
 
 _destroy_wrapped = False

@@ -161,6 +161,7 @@ def _abandon(ctx: Context, exc: BaseException) -> None:
         context.uninstall()
         ctx.watchdog.stop()  # without announcing a retirement: the peers' store may be going
         ctx.hooks.uninstall(keep_exit=True)
+        ctx.watchdog.close()
 
 
 def _watch(

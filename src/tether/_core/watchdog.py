@@ -204,7 +204,8 @@ class Watchdog:
         """Stop the threads and disarm the ladder; ``announce`` tells every rank this group retires.
 
         Bounded: about ``STOP_JOIN`` at worst (threads are joined with a timeout; one
-        still running is left to ``join_lingering``). A second call does nothing.
+        still running is left to ``join_lingering``). A second call does nothing. The
+        signal pipe stays open until ``close``.
         """
         if self._stop.is_set():
             return
@@ -225,6 +226,15 @@ class Watchdog:
         _lingering[:] = [t for t in _lingering if t.is_alive()]  # (a long-lived process: rounds of initialize)
         if self.failure is None:
             _lingering.extend(t for t in threads if t.is_alive())
+
+    def close(self) -> None:
+        """Close the keeper's signal pipe, once ``stop`` ran and the hooks no longer point the
+        interpreter's wakeup fd at it (``Hooks.uninstall``).
+
+        Closed in ``stop``, before the hooks came off, a signal in between (a launcher's
+        SIGTERM, a preemption notice's SIGUSR1) had its number written to a closed fd, or
+        into whatever file had just taken that fd's number (``jobs/signal_in_retire.py``).
+        """
         for fd in (self._sig_r, self.signal_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
