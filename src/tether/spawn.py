@@ -425,7 +425,7 @@ class _Supervisor:
                 self.channel.post(record)
                 self._arm()
         except Exception as exc:  # another node's launcher may host the store, and be gone: say it once
-            print(f"tether: the launcher lost the job's store: {str(exc).splitlines()[0]}", file=sys.stderr)
+            sys.stderr.write(f"tether: the launcher lost the job's store: {str(exc).splitlines()[0]}\n")
             self.store_gone = True
         return next_beat
 
@@ -452,7 +452,7 @@ class _Supervisor:
                 )
             )
         except Exception as exc:  # the store's host (another node) may be gone already
-            print(f"tether: could not post the death of rank {rank}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            sys.stderr.write(f"tether: could not post the death of rank {rank}: {str(exc).splitlines()[0]}\n")
             self.store_gone = True
 
     def _fail(self) -> None:

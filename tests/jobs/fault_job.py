@@ -34,7 +34,7 @@ def body(local_rank: int, case_json: str) -> None:
     except BaseException as exc:
         result(rank, exc)
         raise
-    print(f"DONE rank {rank}", flush=True)
+    os.write(1, f"DONE rank {rank}\n".encode())
 
 
 def main() -> None:

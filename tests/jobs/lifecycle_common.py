@@ -186,9 +186,9 @@ def run_pair(program: str, label: str = "") -> None:
     ]
     for r, proc in enumerate(procs):
         _, err = proc.communicate(timeout=60)
-        print(f"EXIT {label}{r} {proc.returncode}", flush=True)
+        os.write(1, f"EXIT {label}{r} {proc.returncode}\n".encode())
         for line in err.splitlines():
-            print(f"STDERR {label}{r}: {line}", flush=True)
+            os.write(1, f"STDERR {label}{r}: {line}\n".encode())
 
 
 def start_in_step() -> int:

@@ -16,6 +16,7 @@ This process prints ``LC {"event": "exit", "name": "<rank>", "code": ...}`` per 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -43,7 +44,7 @@ def rank_main(rank: int, port: int) -> None:
     tether.finalize()
     emit("finalized", rank=rank, time=time.time())
     time.sleep(GRACE + 3.0)  # local work after the job: the ladder must be disarmed
-    print(f"alive rank {rank}", flush=True)
+    os.write(1, f"alive rank {rank}\n".encode())
 
 
 def main() -> None:

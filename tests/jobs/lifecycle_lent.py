@@ -57,7 +57,7 @@ else:
         t = torch.full((4,), 0.1)
         dist.all_reduce(t)
         assert abs(t[0].item() - 0.2) < 1e-6, t
-print("RETURNED", rank, "%.3f" % time.time(), flush=True)
+os.write(1, b"RETURNED %d %.3f\\n" % (rank, time.time()))
 """
 
 
@@ -73,7 +73,7 @@ tether.initialize("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
 model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)))
 model(torch.full((4, 8), 0.1)).sum().backward()
 time.sleep(2.5 + 0.3 * rank)  # the constructor's calls finished more than lent.SETTLE ago; rank 1 prints last
-print("RETURNED", rank, "%.3f" % time.time(), flush=True)
+os.write(1, b"RETURNED %d %.3f\\n" % (rank, time.time()))
 """
 
 

@@ -14,11 +14,11 @@ import sys
 from lifecycle_common import run_pair
 
 RANK = """
-import sys, tether
+import os, sys, tether
 tether.initialize("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
 assert tether.all_reduce(int(sys.argv[2]) + 1) == 3
 tether.barrier()
-print("RETURNED", sys.argv[2], flush=True)
+os.write(1, f"RETURNED {sys.argv[2]}\\n".encode())
 """
 
 

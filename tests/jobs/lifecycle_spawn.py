@@ -44,7 +44,7 @@ def make_closure() -> object:
     token = "c10sure"
 
     def inner(local_rank: int) -> None:
-        print(f"rank {tether.get_rank()} ran the closure {token}", flush=True)
+        os.write(1, f"rank {tether.get_rank()} ran the closure {token}\n".encode())
 
     return inner
 
@@ -60,7 +60,7 @@ def main() -> None:
                 with tether.Parallel("gloo", nproc_per_node=2, init_method=init_method) as parallel:
                     parallel.run(file_body)
         else:
-            fn = (lambda local_rank: print("the lambda ran", flush=True)) if how == "lambda" else make_closure()
+            fn = (lambda local_rank: os.write(1, b"the lambda ran\n")) if how == "lambda" else make_closure()
             tether.spawn("gloo", fn, (), nproc_per_node=2, start_method="spawn")
     except BaseException as exc:
         import pickle

@@ -21,11 +21,11 @@ from __future__ import annotations
 from lifecycle_common import run_pair
 
 RANK = """
-import atexit, datetime, sys, threading
+import atexit, datetime, os, sys, threading
 
 def at_teardown():
     running = sorted(t.name for t in threading.enumerate() if t.name.startswith("tether-"))
-    print("TEARDOWN", sys.argv[2], running, flush=True)
+    os.write(1, f"TEARDOWN {sys.argv[2]} {running}\\n".encode())
 
 atexit.register(at_teardown)
 
@@ -52,7 +52,7 @@ tether.initialize("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
 assert tether.all_reduce(rank + 1) == 3
 kept = [dist.HashStore() for _ in range(20000)]  # freed in the teardown
 tether.finalize()
-print("RETURNED", rank, flush=True)
+os.write(1, b"RETURNED %d\\n" % rank)
 """
 
 

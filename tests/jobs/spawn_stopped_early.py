@@ -30,6 +30,6 @@ if __name__ == "__main__":
     try:
         tether.spawn("gloo", work, (), nproc_per_node=2)
     except BaseException as exc:
-        print(f"LAUNCHER {type(exc).__name__}", flush=True)
+        os.write(1, f"LAUNCHER {type(exc).__name__}\n".encode())
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
         sys.exit(code)

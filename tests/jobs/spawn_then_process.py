@@ -8,6 +8,7 @@ launcher starts from it afterwards must take them again: ``terminate()`` (SIGTER
 """
 
 import multiprocessing
+import os
 import time
 
 import tether
@@ -24,6 +25,6 @@ if __name__ == "__main__":
     time.sleep(0.5)
     proc.terminate()
     proc.join(10)
-    print(f"TERMINATED {proc.exitcode}", flush=True)
+    os.write(1, f"TERMINATED {proc.exitcode}\n".encode())
     if proc.exitcode is None:
         proc.kill()

@@ -541,5 +541,5 @@ class Hooks:
             return self._on_failure(exc)
         except Exception as err:  # a hook must never raise
             with contextlib.suppress(Exception):
-                print(f"tether: could not post a failure: {type(err).__name__}: {err}", file=sys.stderr)
+                sys.stderr.write(f"tether: could not post a failure: {type(err).__name__}: {err}\n")
             return None
