@@ -69,6 +69,17 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _harness.made_once(tmp_path_factory, "reference", make)
 
 
+@pytest.fixture(scope="module")
+def reference_with_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run with 2 DataLoader workers, which draw the noise of its augmentation."""
+
+    def make(out: Path) -> None:
+        res = torchrun(out, "--loader-workers", "2", restarts=0)
+        assert res.returncode == 0, res.output[-3000:]
+
+    return _harness.made_once(tmp_path_factory, "reference-with-workers", make)
+
+
 @pytest.mark.timeout(2 * BOUND + 60)
 @pytest.mark.parametrize(("fail_rank", "fail_step"), [(1, 5), pytest.param(0, 11, marks=pytest.mark.full)])
 def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterrupted_run(
@@ -76,6 +87,26 @@ def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterr
 ) -> None:
     res = torchrun(tmp_path, "--fail-step", str(fail_step), "--fail-rank", str(fail_rank))
     resumed_exactly(res, reference, tmp_path, survivor=1 - fail_rank, step=fail_step)
+
+
+@pytest.mark.timeout(3 * BOUND + 60)
+@pytest.mark.parametrize("evaluate", [False, True], ids=["plain", "an-evaluation-between-epochs"])
+def test_random_augmentations_in_a_loaders_workers_resume_exactly_in_a_later_epoch(
+    tmp_path: Path, evaluate: bool
+) -> None:
+    # each worker seeds its generator from a seed that the epoch's iterator draws as it
+    # starts: on 45e1899's src a failure in epoch 1 resumed with another (the main
+    # generator's state at the resume), so other noise, and the weights differed ("plain").
+    # An evaluation after epoch 0 draws too, which the training DataLoader's own generator,
+    # seeded at each epoch (the recipe tether.checkpoint's docstring gives), keeps out of the
+    # workers' seeds
+    flags = ("--loader-workers", "2", *(("--evaluate",) if evaluate else ()))
+    for name in ("reference", "run"):
+        (tmp_path / name).mkdir()
+    res = torchrun(tmp_path / "reference", *flags, restarts=0)
+    assert res.returncode == 0, res.output[-3000:]
+    res = torchrun(tmp_path / "run", *flags, "--fail-step", "11", "--fail-rank", "1")
+    resumed_exactly(res, tmp_path / "reference", tmp_path / "run", survivor=0, step=11)
 
 
 def resumed_exactly(res: Result, reference: Path, out_dir: Path, survivor: int, step: int) -> None:
@@ -188,7 +219,7 @@ def _resume_job(out: Path, launcher: str, *args: str) -> Result:
     ],
 )
 def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
-    reference: Path, tmp_path: Path, launcher: str, to: str
+    reference: Path, tmp_path: Path, launcher: str, to: str, request: pytest.FixtureRequest
 ) -> None:
     # a scheduler's stop (SIGTERM to the launcher, which SIGTERMs every rank) while the
     # ranks are between steps: no rank saved, and tether.spawn (max_restarts=1) started
@@ -196,8 +227,10 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
     # To the whole process group (scancel, timeout): under tether.spawn the forkserver died
     # of it and took every worker with it, unsaved ("job failed ... exited with code 255");
     # and the DataLoader's workers die of it too, whose SIGCHLD error (torch's) cut the save
-    group = ["--stop-group", "--loader-workers", "2"] if to == "group" else []
-    stopped = _resume_job(tmp_path, launcher, "--stop-at", "7", *group)
+    loader = ["--loader-workers", "2"] if to == "group" else []  # the job's own, in both jobs
+    if loader:
+        reference = request.getfixturevalue("reference_with_workers")  # made only where used
+    stopped = _resume_job(tmp_path, launcher, "--stop-at", "7", *(["--stop-group"] if loader else []), *loader)
     out = stopped.output
     assert stopped.returncode is not None and stopped.elapsed < 30, out[-4000:]  # the ranks sleep 60 s
     assert re.findall(r"^tether: rank (\d) saved an emergency checkpoint of step (\d+) to ", out, re.M) == [
@@ -211,7 +244,7 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
     else:  # torchrun's agent: its SignalException, and no second attempt
         assert "got signal: 15" in stopped.stderr, out[-4000:]
     assert stopped.leftovers == []
-    again = _resume_job(tmp_path, launcher)  # the scheduler's next job
+    again = _resume_job(tmp_path, launcher, *loader)  # the scheduler's next job
     assert again.returncode == 0, again.output[-4000:]
     assert again.output.count("resumed from the emergency checkpoint of step 7") == 1, again.output[-4000:]
     assert trained(tmp_path) == trained(reference)  # every step once, on the same samples

@@ -18,7 +18,18 @@ import torch
 
 def seed_step(seed: int, step: int, rank: int) -> None:
     """Seed every generator from ``(seed, step, rank)``: a step's randomness is a function of its position."""
-    value = zlib.crc32(f"{seed}/{step}/{rank}".encode())
+    _seed_all(zlib.crc32(f"{seed}/{step}/{rank}".encode()))
+
+
+def seed_between(seed: int, done: int, rank: int) -> None:
+    """Seed every generator for what runs after ``done`` steps and before the next: the
+    fetch of the next batch (a DataLoader without workers draws its augmentations here,
+    one with workers draws their seeds as an epoch's iterator starts), an evaluation.
+    A stream of its own, apart from the steps'."""
+    _seed_all(zlib.crc32(f"{seed}/after/{done}/{rank}".encode()))
+
+
+def _seed_all(value: int) -> None:
     torch.manual_seed(value)
     random.seed(value)
     numpy = sys.modules.get("numpy")

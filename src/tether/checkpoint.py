@@ -23,7 +23,19 @@ job (torchrun ``--max-restarts``) continues from it::
 Checkpointer seeds torch, Python's ``random`` and NumPy (when imported) from ``(seed,
 step, rank)``: any rank's random state at any step is a function of the position, so a
 resumed run draws what the uninterrupted one drew, although no survivor can save the
-random state of a rank that died (``seed=None`` turns this off). After it, every
+random state of a rank that died (``seed=None`` turns this off). After a step that
+completed, it seeds them again, from a stream of their own, for what runs before the
+next step: the fetch of the next batch, whose augmentations a DataLoader without workers
+draws in this process, and an epoch's new iterator, which draws the seeds of the
+DataLoader's workers. ``resume`` seeds them as they were when the resumed epoch's
+iterator started (``resume()`` on a fresh start: as before the first step), and a
+resumed ``Position.skips`` that skips a batch seeds them as they were after the last
+step trained, so the first batch fetched for training again draws what it drew before
+(without this a resumed run with random augmentations trained on other samples' noise:
+``tests/test_resume.py``). Code that draws between an epoch's last step and the next
+epoch's iterator (an evaluation: a DataLoader's iterator draws from torch's generator as
+it starts) moves that iterator's draw; give the training DataLoader a ``generator`` of
+its own, seeded at each epoch, and its workers' seeds no longer depend on it. After it, every
 ``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
 Python's, NumPy's) and save a periodic checkpoint: the state is copied in memory, then
 written by a background thread (the step goes on; the process waits for it before it
@@ -110,6 +122,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -155,10 +168,20 @@ class Position:
     epoch: int = 0
     iteration: int = 0
     step: int = 0
+    # a resumed Checkpointer's: seeds the generators as after the last step trained
+    _after_skip: Callable[[], None] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def skips(self, epoch: int, iteration: int) -> bool:
-        """True for a step trained before this position (skip it when resuming)."""
-        return (epoch, iteration) < (self.epoch, self.iteration)
+        """True for a step trained before this position (skip it when resuming).
+
+        From a ``resume`` that loaded a checkpoint (with a ``seed``), a skip seeds the
+        generators as they were after the last step trained: the batch fetched next, the
+        first one trained again, draws what it drew before the restart.
+        """
+        skipped = (epoch, iteration) < (self.epoch, self.iteration)
+        if skipped and self._after_skip is not None:
+            self._after_skip()
+        return skipped
 
 
 class Checkpointer:
@@ -213,6 +236,7 @@ class Checkpointer:
         self.emergency = emergency
         self.emergency_budget = float(emergency_budget)
         self.position = Position()  # the next step to run, and how many are done
+        self._began_at: dict[int, int] = {}  # epoch -> how many steps were done as it began (the last two)
         self._optimizers = [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
@@ -259,7 +283,9 @@ class Checkpointer:
         chosen = steps if isinstance(steps, list) else [steps]
         if len(set(chosen)) != 1:
             raise RuntimeError(f"Checkpointer: ranks found different checkpoints in {self.dirname}: steps {chosen}")
+        rank = ctx.backend.topology.rank
         if found is None:
+            self._seed_after(0, rank)  # what runs before the first step, as in a resumed run
             return self.position
         step, path, manifest, state = found
         if self._sharded is not None:
@@ -268,16 +294,23 @@ class Checkpointer:
             for name, obj in self.objects.items():
                 obj.load_state_dict(state["objects"][name])
         randomness = state.get("random")
-        rank = ctx.backend.topology.rank
-        if isinstance(randomness, list) and len(randomness) == world:
+        epoch, iteration = int(manifest["epoch"]), int(manifest["iteration"])
+        # (saves before it: one step an iteration)
+        self._began_at = {epoch: int(state.get("epoch_began", step - iteration))}
+        after_skip = None
+        if self.seed is not None:
+            # as when the resumed epoch's iterator started; each skip then as after step ``step``
+            self._seed_after(self._began_at[epoch], rank)
+            after_skip = functools.partial(_randomness.seed_between, self.seed, step, rank)
+        elif isinstance(randomness, list) and len(randomness) == world:
             _randomness.restore(randomness[rank])
-        elif self.seed is None and rank == 0:  # (every rank loaded the same: one line says it)
+        elif rank == 0:  # (every rank loaded the same: one line says it)
             log.warning(
                 "tether: the checkpoint of step %d carries no random states (an emergency save cannot hold a "
                 "failed rank's), and seed=None: randomness after the resume differs from an uninterrupted run",
                 step,
             )
-        self.position = Position(int(manifest["epoch"]), int(manifest["iteration"]), int(manifest["step"]))
+        self.position = Position(epoch, iteration, int(manifest["step"]), _after_skip=after_skip)
         if rank == 0:
             kind = "emergency" if manifest.get("emergency") else "periodic"
             log.warning("tether: resumed from the %s checkpoint of step %d (%s)", kind, step, path)
@@ -290,6 +323,9 @@ class Checkpointer:
         rank = ctx.backend.topology.rank
         if self._at_failure not in ctx.on_failure:  # a failure between steps ends the rank there
             ctx.on_failure.append(self._at_failure)
+        if epoch not in self._began_at:
+            self._began_at = {e: n for e, n in self._began_at.items() if e == self.position.epoch}
+            self._began_at[epoch] = self.position.step
         self._seed(self.position.step, rank)
         self._stepped = self._in_optimizer_step = False  # (an optimizer step that raised left it set)
         done = self.position.step + 1
@@ -333,6 +369,7 @@ class Checkpointer:
         self._trained = True
         if saving:
             self._save(offers, rank)
+        self._seed_after(done, rank)
 
     def _save(self, offers: list[tuple[Any, bool, int]], rank: int) -> None:
         """The periodic save of ``self.position``, from every rank's (random states, can
@@ -456,7 +493,7 @@ class Checkpointer:
         arena packs this rank's part only (``_ckpt_tensors.Split``).
         """
         objects = {name: obj.state_dict() for name, obj in self.objects.items()}
-        state = {"objects": objects, "position": dataclasses.asdict(position), "random": randomness}
+        state = {"objects": objects, "position": _fields(position), "random": randomness, **self._began(position)}
         stepped = self._stepped_by_optimizers() if later or parts > 1 else set()
         split = _tensors.Split(current().backend.topology.rank, parts, stepped) if parts > 1 else None
         return self._arena.pack(state, stepped if later and not self._eager else None, split)  # type: ignore[no-any-return]
@@ -554,7 +591,8 @@ class Checkpointer:
         _sharded.save(self.objects, self._sharded, tmp)  # returns once every rank's shards are written
         if rank != 0:
             return
-        torch.save({"position": dataclasses.asdict(position), "random": randomness}, str(tmp / "state.pt"))
+        state = {"position": _fields(position), "random": randomness, **self._began(position)}
+        torch.save(state, str(tmp / "state.pt"))
         for path in sorted(tmp.iterdir()):
             _files.fsync(path)
         found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency=False)
@@ -661,6 +699,14 @@ class Checkpointer:
         if self.seed is not None:
             _randomness.seed_step(self.seed, step, rank)
 
+    def _seed_after(self, done: int, rank: int) -> None:
+        if self.seed is not None:
+            _randomness.seed_between(self.seed, done, rank)
+
+    def _began(self, position: Position) -> dict[str, int]:
+        """For a save: how many steps were done as the epoch of its position began (``resume``)."""
+        return {"epoch_began": self._began_at.get(position.epoch, position.step - position.iteration)}
+
 
 @dataclasses.dataclass(frozen=True)
 class _Save:
@@ -709,3 +755,8 @@ def _sharded_name(objects: Mapping[str, Any]) -> str | None:
 
 def _next(epoch: int, iteration: int, done: int) -> Position:
     return Position(epoch, iteration + 1, done)
+
+
+def _fields(position: Position) -> dict[str, int]:
+    """What a checkpoint keeps of ``position``."""
+    return {"epoch": position.epoch, "iteration": position.iteration, "step": position.step}

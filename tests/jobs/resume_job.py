@@ -3,8 +3,9 @@
     torchrun --max-restarts 1 ... resume_job.py OUT [--fail-step K --fail-rank R] [--every N]
     python resume_job.py OUT --spawn [...]     (tether.spawn(..., max_restarts=1), 2 ranks)
 
-2 epochs of a shuffled data set (DistributedSampler, seed 0) through a DDP model from
-``auto_model``; ``tether.Checkpointer`` saves every ``--every`` steps (default: none,
+2 epochs of a shuffled data set (DistributedSampler, seed 0) with a random augmentation
+(noise drawn as a sample is fetched: in the rank without workers, else in a DataLoader
+worker) through a DDP model from ``auto_model``; ``tether.Checkpointer`` saves every ``--every`` steps (default: none,
 emergency only) into ``OUT/ckpt``. In the first attempt only (torchrun's restart count
 0), rank R raises at step K before its forward, while the others wait in backward().
 Every rank appends one line per completed step to ``OUT/trained.<rank>``: attempt,
@@ -51,9 +52,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import tether
+
+
+class Noisy(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
+    """``(index, x + noise, y)``: the noise is drawn from torch's generator as the sample is fetched."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return i, self.x[i] + 0.01 * torch.randn(self.x.shape[1]), self.y[i]
+
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
@@ -81,6 +96,12 @@ parser.add_argument(
 )
 parser.add_argument("--stop-group", action="store_true", help="--stop-at SIGTERMs the launcher's process group")
 parser.add_argument("--loader-workers", type=int, default=0, help="the DataLoader's num_workers")
+parser.add_argument(
+    "--evaluate",
+    action="store_true",
+    help="an evaluation after each epoch (its DataLoader draws from torch's generator); the training "
+    "DataLoader has a generator of its own, seeded at each epoch, as tether.checkpoint's docstring says",
+)
 parser.add_argument(
     "--stop-in-optimizer",
     type=int,
@@ -257,9 +278,10 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(1234)
     x = torch.randn(64, 8, generator=gen)
     y = x @ torch.randn(8, 1, generator=gen) + 0.1
-    data = TensorDataset(torch.arange(64), x, y)
+    data = Noisy(x, y)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size=4, sampler=sampler, num_workers=args.loader_workers)
+    own = torch.Generator() if args.evaluate else None
+    loader = DataLoader(data, batch_size=4, sampler=sampler, num_workers=args.loader_workers, generator=own)
 
     torch.manual_seed(0)
     model = tether.auto_model(
@@ -285,6 +307,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     with open(Path(args.out, f"trained.{rank}"), "a") as log:
         for epoch in range(start.epoch, 2):
             sampler.set_epoch(epoch)
+            if own is not None:
+                own.manual_seed(epoch)
             for i, (idx, xb, yb) in enumerate(loader):
                 if start.skips(epoch, i):
                     continue
@@ -331,6 +355,10 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                         else:
                             os.kill(launcher, signal.SIGTERM)  # it stops every rank with SIGTERM
                     time.sleep(60)  # between steps, where that SIGTERM finds every rank
+            if args.evaluate:
+                with torch.no_grad():
+                    for _, xv, _ in DataLoader(data, batch_size=16):  # its iterator draws a seed
+                        model(xv)
     ckpt.wait()
     if rank == 0:
         torch.save(model.module.state_dict(), Path(args.out, "final.pt"))
