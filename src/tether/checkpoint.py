@@ -35,7 +35,9 @@ step trained, so the first batch fetched for training again draws what it drew b
 ``tests/test_resume.py``). Code that draws between an epoch's last step and the next
 epoch's iterator (an evaluation: a DataLoader's iterator draws from torch's generator as
 it starts) moves that iterator's draw; give the training DataLoader a ``generator`` of
-its own, seeded at each epoch, and its workers' seeds no longer depend on it. After it, every
+its own, seeded at each epoch, and its workers' seeds no longer depend on it. Workers kept
+from epoch to epoch (``persistent_workers=True``) keep their generators too, which a
+resume in a later epoch cannot replay. After it, every
 ``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
 Python's, NumPy's) and save a periodic checkpoint: the state is copied in memory, then
 written by a background thread (the step goes on; the process waits for it before it
