@@ -291,7 +291,9 @@ def test_a_preemption_inside_optimizer_step_comes_after_it_and_the_whole_step_is
 ) -> None:
     # every rank SIGTERMed inside optimizer.step() of step 6: each replica was half
     # updated, no rank could vouch for one ("saved no emergency checkpoint: ... in the
-    # middle of optimizer.step()"), and the restart trained from step 0 (f5b5174)
+    # middle of optimizer.step()"), and the restart trained from step 0 (f5b5174). Then the
+    # stop came as the optimizer's step returned, before the scheduler's: the save held
+    # the learning rate of step 6, and the resumed weights differed (on 8dd4232's src)
     res = torchrun(tmp_path, "--stop-in-optimizer", "5")
     out = res.output
     assert res.returncode == 0, out[-4000:]
@@ -300,9 +302,8 @@ def test_a_preemption_inside_optimizer_step_comes_after_it_and_the_whole_step_is
         ("0", "6")
     ], out[-4000:]
     assert out.count("resumed from the emergency checkpoint of step 6") == 1, out[-4000:]
-    # step 6 was trained (its update is in the checkpoint), and its log line cut by the stop
-    got, ref = trained(tmp_path), trained(reference)
-    assert got == {k: v for k, v in ref.items() if v[0] != 6}, sorted(set(ref) - set(got))
+    # step 6 was trained (its update is in the checkpoint), its block to the end (its log line)
+    assert trained(tmp_path) == trained(reference)
     ref_w, got_w = weights(reference), weights(tmp_path)
     assert all(torch.equal(ref_w[name], got_w[name]) for name in ref_w)
     assert res.leftovers == []

@@ -70,7 +70,11 @@ FSDP's, that a peer's failure explains, or a launcher's SIGTERM, come while the 
 code ran: one that a peer's death explains, or the job's own stop, as a scheduler's
 preemption SIGTERMs every rank), the replica is consistent if the optimizer's
 step had not begun (the state is the last completed step's) or had finished (it is this
-step's); the Checkpointer knows which from hooks on the optimizer. The consistent
+step's); the Checkpointer knows which from hooks on the optimizer. A SIGTERM or SIGINT
+that comes once an optimizer began its step is put off to the block's end, so what the
+block updates after it (a scheduler's step, a GradScaler's update) is in the save too;
+a collective of the block between the optimizer's step and those (a loss's all-reduce for
+a log line) would meet a peer's failure before them: put it after them. The consistent
 survivors offer to write it; after ``CLAIM_WINDOW`` (0.25 s) the lowest of them claims it
 on the job's store and writes it with SIGTERM deferred (torchrun SIGTERMs survivors 0.1 s
 after a worker died and SIGKILLs them 30 s later; tether's launcher waits
@@ -244,7 +248,7 @@ class Checkpointer:
         self._stepped = False  # the optimizer's step finished within the current step
         self._trained = False  # a step completed in this process
         self._in_step = False  # inside ``step``'s block
-        self._deferred = Deferred()  # SIGINT/SIGTERM put off while the optimizers step (in ``step``)
+        self._deferred = Deferred()  # SIGINT/SIGTERM put off from an optimizer's step to the block's end
         self._ended = False  # a failure ended training here: its emergency save was decided
         self._writer: threading.Thread | None = None
         self._joined_at_exit = False  # ``_finish_writing`` registered
@@ -338,7 +342,7 @@ class Checkpointer:
                 yield
             finally:
                 self._in_step = False
-                self._deferred.end()  # a stop put off while the optimizers stepped comes now
+                self._deferred.end()  # a stop put off since an optimizer stepped comes now
             # every rank's random states, at this point, and whether it can write a part
             offers = collectives.all_gather((_randomness.state(), self._can_split(), os.getpid())) if saving else []
             for name in self._zero if saving else ():  # each rank's part of its state, to rank 0 (a collective)
@@ -423,13 +427,15 @@ class Checkpointer:
         self._in_optimizer_step = True
         if self._in_step:
             # a preemption's SIGTERM (or Ctrl-C) in the middle of the update would leave this
-            # replica unsaveable: it comes once the step is whole (``_after_optimizer_step``)
+            # replica unsaveable, and one just after it a replica saved as this step's with
+            # what the block updates next not updated yet (a scheduler's step, a GradScaler's
+            # update, a second optimizer's step: the next job's learning rate was one step
+            # behind): it comes at the block's end (``step``)
             self._deferred.start()
 
     def _after_optimizer_step(self, *_: Any) -> None:
         self._in_optimizer_step = False
         self._stepped = True
-        self._deferred.end()
 
     def _emergency(self, exc: BaseException, epoch: int | None, iteration: int | None) -> None:
         ctx = current()

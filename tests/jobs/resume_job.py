@@ -5,7 +5,8 @@
 
 2 epochs of a shuffled data set (DistributedSampler, seed 0) with a random augmentation
 (noise drawn as a sample is fetched: in the rank without workers, else in a DataLoader
-worker) through a DDP model from ``auto_model``; ``tether.Checkpointer`` saves every ``--every`` steps (default: none,
+worker) through a DDP model from ``auto_model``, its learning rate decayed by a scheduler
+stepped after the optimizer; ``tether.Checkpointer`` saves every ``--every`` steps (default: none,
 emergency only) into ``OUT/ckpt``. In the first attempt only (torchrun's restart count
 0), rank R raises at step K before its forward, while the others wait in backward().
 Every rank appends one line per completed step to ``OUT/trained.<rank>``: attempt,
@@ -295,7 +296,10 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         )
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(args.out, "ckpt"), every=args.every)
+    # a learning rate that decays step by step: the scheduler steps after the optimizer
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.97**step)
+    objects = {"model": model, "optimizer": opt, "scheduler": scheduler}
+    ckpt = tether.Checkpointer(objects, Path(args.out, "ckpt"), every=args.every)
     if attempt == 0 and args.stop_in_optimizer >= 0:
 
         def stop_in_optimizer(*_: Any) -> None:  # runs after the Checkpointer's own pre-hook
@@ -335,6 +339,7 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                         LATE.clear()
                         LATE_REGISTER.clear()
                     opt.step()
+                    scheduler.step()
                     opt.zero_grad()
                     # logged inside the step: a rank killed by its own periodic save (which
                     # starts when the step ends) has logged what it trained
