@@ -37,7 +37,9 @@ epoch's iterator (an evaluation: a DataLoader's iterator draws from torch's gene
 it starts) moves that iterator's draw; give the training DataLoader a ``generator`` of
 its own, seeded at each epoch, and its workers' seeds no longer depend on it. Workers kept
 from epoch to epoch (``persistent_workers=True``) keep their generators too, which a
-resume in a later epoch cannot replay. After it, every
+resume in a later epoch cannot replay. So are BatchNorm's running statistics under DDP's
+``broadcast_buffers``, where each rank adds its own batch to rank 0's: an emergency save
+from another rank holds its own (the parameters resume bitwise). After it, every
 ``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
 Python's, NumPy's) and save a periodic checkpoint: the state is copied in memory, then
 written by a background thread (the step goes on; the process waits for it before it
