@@ -614,6 +614,19 @@ def test_checkpointer_rejects_bad_arguments(tmp_path: Path, kwargs: dict[str, ob
         tether.Checkpointer(**args)  # type: ignore[arg-type]
 
 
+def test_runs_seeded_apart_draw_apart_in_their_steps_and_a_run_seeded_alike_draws_alike(tmp_path: Path) -> None:
+    # the default seed was 0: every run's steps drew alike whatever torch.manual_seed said,
+    # so a sweep over seeds differed in its initial weights alone
+    def drawn(user_seed: int, run: str) -> list[float]:
+        torch.manual_seed(user_seed)
+        ckpt = tether.Checkpointer({"model": torch.nn.Linear(1, 1)}, tmp_path / run)
+        with ckpt.step(0, 0):
+            return torch.rand(3).tolist()  # type: ignore[no-any-return]
+
+    assert drawn(1, "a") != drawn(2, "b")
+    assert drawn(1, "c") == drawn(1, "d")
+
+
 # --- random states and the emergency saver, in real jobs ------------------------------------
 
 

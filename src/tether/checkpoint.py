@@ -169,6 +169,16 @@ def _a_stop(exc: BaseException) -> bool:
     return isinstance(exc, Terminated) or (isinstance(exc, PeerFailure) and exc.record.exc_type == Terminated.__name__)
 
 
+class _TorchSeed:
+    """``Checkpointer``'s default ``seed``: ``torch.initial_seed()`` when it is made."""
+
+    def __repr__(self) -> str:
+        return "torch.initial_seed()"
+
+
+TORCH_SEED = _TorchSeed()
+
+
 @dataclasses.dataclass(frozen=True)
 class Position:
     """Where training stands: ``step`` optimizer steps done; the next is ``(epoch, iteration)``."""
@@ -205,8 +215,12 @@ class Checkpointer:
             it at ``resume``. Created where missing.
         every: save a periodic checkpoint every ``every`` steps (None: emergency only).
         keep: keep the newest ``keep`` checkpoints and delete older ones (None: keep all).
-        seed: the base of each step's seed (see the module docstring); None seeds nothing,
-            and only the random states saved by periodic checkpoints carry randomness over.
+        seed: the base of each step's seed (see the module docstring); by default the seed
+            torch's generator was given when the Checkpointer is made
+            (``torch.initial_seed()``: your ``torch.manual_seed(...)``, so that runs you
+            seed apart draw apart, and the same command restarted draws alike). None
+            seeds nothing, and only the random states saved by periodic checkpoints
+            carry randomness over.
         emergency: write an emergency checkpoint when a peer fails (default True).
         emergency_budget: seconds tether's launcher lets the emergency save take.
 
@@ -222,7 +236,7 @@ class Checkpointer:
         dirname: str | os.PathLike[str],
         every: int | None = None,
         keep: int | None = None,
-        seed: int | None = 0,
+        seed: int | None | _TorchSeed = TORCH_SEED,
         emergency: bool = True,
         emergency_budget: float = 30.0,
     ) -> None:
@@ -231,6 +245,9 @@ class Checkpointer:
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"Checkpointer: {name!r} has no state_dict()/load_state_dict()")
+        if isinstance(seed, _TorchSeed):
+            # (before, 0: every run drew alike in its steps whatever seed the user gave torch)
+            seed = torch.initial_seed()
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise TypeError(f"Checkpointer: seed must be an int or None, got {seed!r}")
         for what, value in (("every", every), ("keep", keep)):
