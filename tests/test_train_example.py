@@ -93,3 +93,20 @@ def test_a_rank_killed_in_training_costs_no_progress_under_torchrun_max_restarts
     res = example(tmp, "torchrun", *FAULT, torchrun=True)
     assert re.search(r"\[rank 0\] stopped: PeerLost: rank 1 failed", res.output), res.output[-4000:]
     assert_resumed_where_it_left(res, first, tmp, "torchrun")
+
+
+def test_a_rank_stalled_in_training_costs_no_progress_under_spawn_with_max_restarts(
+    plain: tuple[Path, Result],
+) -> None:
+    # "stalls (SyncTimeout) and mismatches follow the same rule" (issue 12): the survivor
+    # that timed out on the stalled rank saves, and the restart resumes from its save
+    tmp, first = plain
+    fault = ("--fail-kind", "stall", "--fail-rank", "1", "--fail-at", "train", "--sync-timeout", "3")
+    res = example(tmp, "stalled", "--max-restarts", "1", *fault)
+    root = "Root cause: rank 1 failed: SyncTimeout: all_reduce(SUM, float32[]) #7 timed out after 3 s: rank(s) [1] "
+    assert root in res.stderr, res.stderr[-4000:]
+    assert "  rank 0: stopped: TIMEOUT (exited with code 4)" in res.stderr, res.stderr[-4000:]  # the survivor
+    saved = r"rank 0 saved an emergency checkpoint of step \d+ to \S+ \(SyncTimeout stopped training\)"
+    assert re.search(saved, res.stderr), res.stderr[-4000:]
+    assert res.stderr.count("tether: starting every worker again (restart 1 of 1)") == 1, res.stderr[-4000:]
+    assert_resumed_where_it_left(res, first, tmp, "stalled")
