@@ -37,13 +37,14 @@ epoch's iterator (an evaluation: a DataLoader's iterator draws from torch's gene
 it starts) moves that iterator's draw; give the training DataLoader a ``generator`` of
 its own, seeded at each epoch, and its workers' seeds no longer depend on it. Workers kept
 from epoch to epoch (``persistent_workers=True``) keep their generators too, which a
-resume in a later epoch cannot replay. So are BatchNorm's running statistics under DDP's
-``broadcast_buffers``, where each rank adds its own batch to rank 0's: an emergency save
-from another rank holds its own (the parameters resume bitwise). After it, every
-``every`` steps, the ranks all-gather their random states (torch's, CUDA's where in use,
-Python's, NumPy's) and save a periodic checkpoint: the state is copied in memory, then
-written by a background thread (the step goes on; the process waits for it before it
-exits, so the save of a run's last step is not lost). What only the optimizers in
+resume in a later epoch cannot replay. Nor do BatchNorm's running statistics resume
+bitwise under DDP's ``broadcast_buffers``: each rank adds its own batch to rank 0's, and
+an emergency save from another rank holds its own (the parameters resume bitwise).
+
+After a step, every ``every`` steps, the ranks all-gather their random states (torch's,
+CUDA's where in use, Python's, NumPy's) and save a periodic checkpoint: the state is
+copied in memory, then written by a background thread (the step goes on; the process
+waits for it before it exits, so the save of a run's last step is not lost). What only the optimizers in
 ``objects`` change (the parameters they step, their state) is the same on every replica,
 so the save is split: those tensors are dealt across the ranks, and each rank's thread
 writes its share (``_ckpt_tensors.Split``); rank 0's writes the rest too, and publishes
@@ -176,7 +177,7 @@ class _TorchSeed:
         return "torch.initial_seed()"
 
 
-TORCH_SEED = _TorchSeed()
+_TORCH_SEED = _TorchSeed()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +237,7 @@ class Checkpointer:
         dirname: str | os.PathLike[str],
         every: int | None = None,
         keep: int | None = None,
-        seed: int | None | _TorchSeed = TORCH_SEED,
+        seed: int | None | _TorchSeed = _TORCH_SEED,
         emergency: bool = True,
         emergency_budget: float = 30.0,
     ) -> None:
