@@ -293,7 +293,8 @@ def test_a_preemption_inside_optimizer_step_comes_after_it_and_the_whole_step_is
     # updated, no rank could vouch for one ("saved no emergency checkpoint: ... in the
     # middle of optimizer.step()"), and the restart trained from step 0 (f5b5174). Then the
     # stop came as the optimizer's step returned, before the scheduler's: the save held
-    # the learning rate of step 6, and the resumed weights differed (on 8dd4232's src)
+    # step 6's parameters with step 5's scheduler, and the resumed weights differed (on
+    # 8dd4232's src)
     res = torchrun(tmp_path, "--stop-in-optimizer", "5")
     out = res.output
     assert res.returncode == 0, out[-4000:]
