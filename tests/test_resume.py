@@ -615,6 +615,20 @@ def test_checkpointer_rejects_bad_arguments(tmp_path: Path, kwargs: dict[str, ob
         tether.Checkpointer(**args)  # type: ignore[arg-type]
 
 
+def test_a_step_at_a_position_already_trained_is_refused_before_it_runs(tmp_path: Path) -> None:
+    # ckpt.step(epoch, 0) on every step (the iteration not passed on) saved every step at
+    # one position, and a resume skipped nothing or everything
+    ckpt = tether.Checkpointer({"model": torch.nn.Linear(1, 1)}, tmp_path)
+    for position in [(0, 0), (0, 1), (0, 5), (1, 0), (1, 1)]:  # gaps are fine (a skipped batch)
+        with ckpt.step(*position):
+            pass
+    with pytest.raises(ValueError, match=r"ckpt.step\(1, 1\) after ckpt.step\(1, 1\) completed"), ckpt.step(1, 1):
+        pytest.fail("the step ran")
+    with pytest.raises(ValueError, match=r"ckpt.step\(0, 7\) after ckpt.step\(1, 1\) completed"), ckpt.step(0, 7):
+        pytest.fail("the step ran")
+    assert ckpt.position == tether.Position(1, 2, 5)
+
+
 def test_runs_seeded_apart_draw_apart_in_their_steps_and_a_run_seeded_alike_draws_alike(tmp_path: Path) -> None:
     # the default seed was 0: every run's steps drew alike whatever torch.manual_seed said,
     # so a sweep over seeds differed in its initial weights alone

@@ -344,7 +344,19 @@ class Checkpointer:
 
     @contextlib.contextmanager
     def step(self, epoch: int, iteration: int) -> Iterator[None]:
-        """One optimizer step at ``(epoch, iteration)``; see the module docstring."""
+        """One optimizer step at ``(epoch, iteration)``; see the module docstring.
+
+        Raises:
+            ValueError: ``(epoch, iteration)`` comes before the step after the last one
+                completed (the same position twice: an iteration counter not passed on):
+                a resume would skip by positions that do not say what was trained.
+        """
+        if (epoch, iteration) < (self.position.epoch, self.position.iteration):
+            last = f"ckpt.step({self.position.epoch}, {self.position.iteration - 1})"
+            raise ValueError(
+                f"Checkpointer: ckpt.step({epoch}, {iteration}) after {last} completed: the positions of "
+                "steps must increase (a resume skips what came before the position saved)"
+            )
         ctx = current()
         rank = ctx.backend.topology.rank
         if self._at_failure not in ctx.on_failure:  # a failure between steps ends the rank there
