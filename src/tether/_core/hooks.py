@@ -135,7 +135,7 @@ def stopping(signum: int) -> None:
     thread): from here on a child's death is dropped (``child_deaths``), for good.
 
     Here, not in holds around what the rank does as it stops: a SIGTERM inside an
-    optimizer's step waits for the step's end (``Deferred``), and torch's error about the
+    optimizer's step waits for the end of its ``ckpt.step`` block (``Deferred``), and torch's error about the
     loaders' workers, which the same stop ended, came meanwhile, inside the step, as the
     rank's own failure (``tests/jobs/dataloader_stop.py in-step``: "saved no emergency
     checkpoint: the failure came in the middle of optimizer.step()"). Python runs pending
