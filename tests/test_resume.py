@@ -106,6 +106,9 @@ def test_random_augmentations_in_a_loaders_workers_resume_exactly_in_a_later_epo
     res = torchrun(tmp_path / "reference", *flags, restarts=0)
     assert res.returncode == 0, res.output[-3000:]
     res = torchrun(tmp_path / "run", *flags, "--fail-step", "11", "--fail-rank", "1")
+    assert res.elapsed < BOUND
+    root = "rank 1 failed: RuntimeError: injected failure at step 11 on rank 1"
+    assert f"[rank 0] stopped: PeerFailure: {root}" in res.output, res.output[-4000:]  # the survivor's
     resumed_exactly(res, tmp_path / "reference", tmp_path / "run", survivor=0, step=11)
 
 

@@ -533,7 +533,8 @@ class Checkpointer:
         arena packs this rank's part only (``_ckpt_tensors.Split``).
         """
         objects = {name: obj.state_dict() for name, obj in self.objects.items()}
-        state = {"objects": objects, "position": _fields(position), "random": randomness, **self._began(position)}
+        began = self._began(position)
+        state = {"objects": objects, "position": _fields(position), "random": randomness, "epoch_began": began}
         stepped = self._stepped_by_optimizers() if later or parts > 1 else set()
         split = _tensors.Split(current().backend.topology.rank, parts, stepped) if parts > 1 else None
         return self._arena.pack(state, stepped if later and not self._eager else None, split)  # type: ignore[no-any-return]
@@ -631,7 +632,7 @@ class Checkpointer:
         _sharded.save(self.objects, self._sharded, tmp)  # returns once every rank's shards are written
         if rank != 0:
             return
-        state = {"position": _fields(position), "random": randomness, **self._began(position)}
+        state = {"position": _fields(position), "random": randomness, "epoch_began": self._began(position)}
         torch.save(state, str(tmp / "state.pt"))
         for path in sorted(tmp.iterdir()):
             _files.fsync(path)
@@ -743,9 +744,9 @@ class Checkpointer:
         if self.seed is not None:
             _randomness.seed_between(self.seed, done, rank)
 
-    def _began(self, position: Position) -> dict[str, int]:
+    def _began(self, position: Position) -> int:
         """For a save: how many steps were done as the epoch of its position began (``resume``)."""
-        return {"epoch_began": self._began_at.get(position.epoch, position.step - position.iteration)}
+        return self._began_at.get(position.epoch, position.step - position.iteration)
 
 
 @dataclasses.dataclass(frozen=True)
