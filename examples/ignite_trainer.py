@@ -12,6 +12,14 @@ stop with tether's error::
     python examples/ignite_trainer.py --fail-kind stall --fail-rank 1 --fail-at eval --sync-timeout 10
     python examples/ignite_trainer.py --fail-kind kill  --fail-rank 0 --fail-at train
 
+Lose no progress: with ``--resume DIR`` a ``tether.Checkpointer`` is attached to the
+trainer (its iterations are the Checkpointer's steps); a survivor saves an emergency
+checkpoint when a peer fails, and the restarted job resumes the engine where it stopped,
+skipping the batches trained before, beside ignite's own ``Checkpoint`` handler::
+
+    python examples/ignite_trainer.py --max-restarts 1 --resume /tmp/tether-ignite-ckpt \
+        --fail-kind kill --fail-rank 1 --fail-at train
+
 ignite's own code (the ``Accuracy``/``Loss`` reductions, ``Checkpoint``, ``ProgressBar``,
 the ``Engine``) calls ``ignite.distributed``; tether points those calls at its own
 functions when it starts (``tether/bridge.py``), so a metric's all-reduce waits through
@@ -45,6 +53,8 @@ def inject(args: argparse.Namespace, where: str, engine: Engine) -> None:
     """Fail here, at the epoch's third iteration, if this rank was told to."""
     if args.fail_kind is None or args.fail_at != where or tether.get_rank() != args.fail_rank:
         return
+    if args.resume is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return  # a restarted attempt: let it finish
     if engine.state.epoch != 1 or engine.state.iteration % engine.state.epoch_length != 3:
         return
     print(f"[rank {args.fail_rank}] injecting '{args.fail_kind}' in {where}", flush=True)
@@ -80,6 +90,10 @@ def training(local_rank: int, args: argparse.Namespace) -> None:
         state = evaluator.run(val)  # the metrics' all-reduce: tether's, through ignite.distributed
         tether.rank_print(f"epoch {engine.state.epoch}: {state.metrics}")
 
+    if args.resume is not None:
+        # a save every 10 steps and when a peer fails; the first run() resumes from the newest
+        tether.Checkpointer({"model": model, "optimizer": optimizer}, args.resume, every=10).attach(trainer)
+
     to_save = {"model": model, "optimizer": optimizer, "trainer": trainer}
     trainer.add_event_handler(Events.EPOCH_COMPLETED, Checkpoint(to_save, DiskSaver(args.out_dir, require_empty=False)))
     if tether.get_rank() == 0 and args.progress:
@@ -99,9 +113,15 @@ def main() -> int:
         "--sync-timeout", type=float, default=20.0, help="seconds any wait may last (tether's, ignite's, DDP's)"
     )
     parser.add_argument("--progress", action="store_true", help="show ignite's ProgressBar on rank 0")
+    parser.add_argument("--resume", default=None, help="checkpoint directory: emergency saves, resume on restart")
+    parser.add_argument(
+        "--max-restarts", type=int, default=0, help="start every worker again after a failure (torchrun: its own flag)"
+    )
     args = parser.parse_args()
-    options = {"lost_after": 3.0, "grace": 5.0, "sync_timeout": args.sync_timeout}
+    options: dict[str, float] = {"lost_after": 3.0, "grace": 5.0, "sync_timeout": args.sync_timeout}
     nproc = None if "RANK" in os.environ else args.nproc
+    if nproc is not None:
+        options["max_restarts"] = args.max_restarts
     try:
         with tether.Parallel("gloo", nproc_per_node=nproc, **options) as parallel:
             parallel.run(training, args)

@@ -16,12 +16,19 @@ import logging
 import mmap
 import os
 import re
+import signal
 import sys
+import warnings
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+
+with warnings.catch_warnings():  # ignite 0.5.5 calls torch.jit.script as it is imported, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from ignite.engine import Engine, Events
 
 import _harness
 import tether
@@ -453,6 +460,64 @@ def test_spawn_max_restarts_resumes_from_the_emergency_checkpoint_exactly(refere
     assert all(torch.equal(ref[name], got[name]) for name in ref)
 
 
+# --- an ignite Engine with the Checkpointer attached -----------------------------------------
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
+@pytest.mark.parametrize(
+    ("fail_step", "workers"),
+    [(11, "0"), pytest.param(8, "2", marks=pytest.mark.full)],
+    ids=["in-the-second-epoch", "after-an-epochs-last-step-with-loader-workers"],
+)
+def test_an_ignite_engine_with_the_checkpointer_attached_resumes_where_it_failed_bitwise(
+    request: pytest.FixtureRequest, tmp_path: Path, fail_step: int, workers: str
+) -> None:
+    # ignite's own resume (Engine.load_state_dict) starts the epoch's data over and trains its
+    # first batches again (by hand: [0, 1, 2, 3, 4] of 8 from iteration 3). attach() skips
+    # them as Position.skips does; the engine's training is the plain loop's, so the reference
+    # is the plain loop's run. Step 8 ends epoch 0: the resume starts epoch 1, its workers
+    # seeded as after step 8
+    reference = request.getfixturevalue("reference_with_workers" if workers != "0" else "reference")
+    res = torchrun(tmp_path, "--engine", "--loader-workers", workers, "--fail-step", str(fail_step))
+    assert res.elapsed < BOUND
+    root = f"rank 1 failed: RuntimeError: injected failure at step {fail_step} on rank 1"
+    assert f"[rank 0] stopped: PeerFailure: {root}" in res.output, res.output[-4000:]  # the survivor's
+    resumed_exactly(res, reference, tmp_path, survivor=0, step=fail_step)
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
+def test_an_engines_periodic_save_holds_what_its_iteration_completed_handlers_did(
+    reference: Path, tmp_path: Path
+) -> None:
+    # the scheduler steps in an ITERATION_COMPLETED handler added after attach(): the step
+    # ends after it, so the periodic save of step 8 holds step 8's learning rate. With the
+    # Checkpointer's handler left where attach() put it (before the scheduler's), the resumed
+    # job trained one step behind the schedule, and logged its steps one number short. The
+    # emergency saver is killed, so the job resumes from the periodic save
+    args = ("--engine", "--every", "4", "--fail-step", "10", "--settle-before-fail", "--kill-in-save", "emergency")
+    res = torchrun(tmp_path, *args)
+    out = res.output
+    assert res.returncode == 0, out[-4000:]
+    assert res.elapsed < BOUND
+    root = "rank 1 failed: RuntimeError: injected failure at step 10 on rank 1"
+    assert out.count("[rank 1] failed: RuntimeError: injected failure at step 10 on rank 1") == 1, out[-4000:]
+    # rank 0's engine stopped on tether's PeerFailure naming it (then its emergency save was killed)
+    assert f"Engine run is terminating due to exception: {root} (in user code" in out, out[-4000:]
+    assert "saved an emergency checkpoint" not in out, out[-4000:]
+    assert out.count("resumed from the periodic checkpoint of step 8") == 1, out[-4000:]
+    assert res.leftovers == []
+    again: dict[tuple[int, int, int], tuple[int, list[int]]] = {}
+    for rank in (0, 1):
+        for line in Path(tmp_path, f"trained.{rank}").read_text().splitlines():
+            d = json.loads(line)
+            key = (rank, d["epoch"], d["it"])
+            assert again.get(key, (d["step"], d["idx"])) == (d["step"], d["idx"]), key  # steps 9-10 again: alike
+            again[key] = (d["step"], d["idx"])
+    assert again == trained(reference)
+    ref, got = weights(reference), weights(tmp_path)
+    assert all(torch.equal(ref[name], got[name]) for name in ref)
+
+
 # --- the directory, in this process (a job of one) ------------------------------------------
 
 
@@ -630,6 +695,87 @@ def test_a_step_at_a_position_already_trained_is_refused_before_it_runs(tmp_path
     with pytest.raises(ValueError, match=r"ckpt.step\(0, 7\) after ckpt.step\(1, 1\) completed"), ckpt.step(0, 7):
         pytest.fail("the step ran")
     assert ckpt.position == tether.Position(1, 2, 5)
+
+
+def engine(tmp: Path, seen: list[tuple[int, int]], every: int | None = None) -> tuple[Engine, tether.Checkpointer]:
+    """An ignite Engine training a 1x1 model on 8 batches (the numbers 0-7) an epoch; ``seen``
+    gets (epoch, batch) for each batch trained. Its iterations are a Checkpointer's steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def update(engine: Engine, batch: int) -> None:
+        seen.append((engine.state.epoch - 1, batch))
+        model(torch.tensor([[0.1 * batch]])).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    trainer = Engine(update)
+    ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, tmp, every=every)
+    ckpt.attach(trainer)
+    return trainer, ckpt
+
+
+def test_an_engine_resumed_through_the_checkpointer_trains_each_batch_once(tmp_path: Path) -> None:
+    # ignite's own resume counts the epoch on from the saved iteration over a new iterator,
+    # so it trains the epoch's first batches again: [0, 1, 2, 3, 4] from iteration 3
+    seen: list[tuple[int, int]] = []
+    trainer, ckpt = engine(tmp_path, seen, every=1)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=5), lambda e: e.terminate())
+    trainer.run(list(range(8)), max_epochs=2)
+    ckpt.wait()
+    assert ckpt.position == tether.Position(0, 5, 5)
+    assert seen == [(0, b) for b in range(5)]
+    again: list[tuple[int, int]] = []
+    trainer, ckpt = engine(tmp_path, again)  # the restarted job's
+    trainer.run(list(range(8)), max_epochs=2)
+    assert again == [(0, b) for b in range(5, 8)] + [(1, b) for b in range(8)]
+    assert ckpt.position == tether.Position(1, 8, 16)
+    assert trainer.state.iteration == 16 and trainer.state.epoch == 2
+
+
+def test_an_engine_interrupted_or_terminated_before_its_process_function_keeps_its_steps_counted(
+    tmp_path: Path,
+) -> None:
+    # interrupt() in an ITERATION_STARTED handler pauses the run inside the step (ignite goes
+    # on with the process function at the next run()); terminate() there ends the run
+    # without it, so no step
+    seen: list[tuple[int, int]] = []
+    trainer, ckpt = engine(tmp_path / "interrupted", seen)
+    trainer.add_event_handler(Events.ITERATION_STARTED(once=3), lambda e: e.interrupt())
+    trainer.run(list(range(8)), max_epochs=2)
+    assert ckpt.position == tether.Position(0, 2, 2) and seen == [(0, 0), (0, 1)]
+    trainer.run(list(range(8)), max_epochs=2)
+    assert ckpt.position == tether.Position(1, 8, 16)
+    assert seen == [(e, b) for e in range(2) for b in range(8)]
+    seen = []
+    trainer, ckpt = engine(tmp_path / "terminated", seen)
+    trainer.add_event_handler(Events.ITERATION_STARTED(once=3), lambda e: e.terminate())
+    trainer.run(list(range(8)), max_epochs=2)
+    assert ckpt.position == tether.Position(0, 2, 2) and seen == [(0, 0), (0, 1)]
+    # the step left unfinished is closed: an optimizer's step after the run, outside any
+    # step, puts off no Ctrl-C (inside a step left open, it would, with no block end to raise it)
+    handler = signal.getsignal(signal.SIGINT)
+    ckpt.objects["optimizer"].step()
+    assert signal.getsignal(signal.SIGINT) == handler
+    with ckpt.step(0, 2):
+        pass
+    assert ckpt.position == tether.Position(0, 3, 3)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [{"data": list(range(8)), "epoch_length": 3}, {"data": (i for i in range(8)), "epoch_length": 4}],
+    ids=["an-epoch-shorter-than-the-data", "data-without-len"],
+)
+def test_an_attached_engine_whose_epoch_is_not_one_pass_over_its_data_is_refused(
+    tmp_path: Path, run: dict[str, Any]
+) -> None:
+    trainer, _ = engine(tmp_path, [])
+    with pytest.raises(ValueError, match="an epoch of the engine must be one pass over its data"):
+        trainer.run(max_epochs=1, **run)
+    with pytest.raises(TypeError, match="expected an ignite Engine, got Linear"):
+        tether.Checkpointer({"m": torch.nn.Linear(1, 1)}, tmp_path).attach(torch.nn.Linear(1, 1))
 
 
 def test_runs_seeded_apart_draw_apart_in_their_steps_and_a_run_seeded_alike_draws_alike(tmp_path: Path) -> None:

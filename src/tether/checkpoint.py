@@ -19,6 +19,9 @@ job (torchrun ``--max-restarts``) continues from it::
                 optimizer.step()
                 optimizer.zero_grad()
 
+With an ignite ``Engine``, ``ckpt.attach(trainer)`` instead: each iteration is a step and
+the first ``trainer.run(...)`` resumes, skipping what was trained (``_ckpt_engine``).
+
 **The step.** ``ckpt.step(epoch, i)`` brackets one optimizer step. Before it, the
 Checkpointer seeds torch, Python's ``random`` and NumPy (when imported) from ``(seed,
 step, rank)``: any rank's random state at any step is a function of the position, so a
@@ -351,6 +354,37 @@ class Checkpointer:
                 completed (the same position twice: an iteration counter not passed on):
                 a resume would skip by positions that do not say what was trained.
         """
+        self._begin(epoch, iteration)
+        try:
+            yield
+        except BaseException as exc:
+            self._leave(epoch, iteration, exc)  # raises it, or the peer's failure behind it
+            raise
+        self._leave(epoch, iteration, None)
+
+    def attach(self, engine: Any) -> None:
+        """Make each iteration of an ignite ``Engine`` a step, and resume it exactly.
+
+        Each iteration, from its ``ITERATION_STARTED`` to the end of its
+        ``ITERATION_COMPLETED`` handlers, is ``step(epoch - 1, iteration in the epoch)``;
+        as the run starts, ``resume()`` loads the newest checkpoint and the engine goes on
+        from it, its resumed epoch fetching and skipping the batches trained before (as
+        ``Position.skips`` does), where ignite's own resume trains the epoch's first
+        batches again. Call it before ``engine.run`` and do not call ``resume()``
+        yourself; see ``tether/_ckpt_engine.py``.
+
+        Raises:
+            ImportError: ignite is not installed.
+            ValueError (as the run starts, on every rank alike, before any communication):
+                the engine's epoch is not one pass over its data (an ``epoch_length``
+                other than ``len(data)``, or data without ``len()``).
+        """
+        from . import _ckpt_engine  # (imports ignite)
+
+        _ckpt_engine.attach(self, engine)
+
+    def _begin(self, epoch: int, iteration: int) -> None:
+        """The step at ``(epoch, iteration)`` begins (``step``'s block is entered)."""
         if (epoch, iteration) < (self.position.epoch, self.position.iteration):
             last = f"ckpt.step({self.position.epoch}, {self.position.iteration - 1})"
             raise ValueError(
@@ -358,29 +392,33 @@ class Checkpointer:
                 "steps must increase (a resume skips what came before the position saved)"
             )
         ctx = current()
-        rank = ctx.backend.topology.rank
         if self._at_failure not in ctx.on_failure:  # a failure between steps ends the rank there
             ctx.on_failure.append(self._at_failure)
         if epoch not in self._began_at:
             self._began_at = {e: n for e, n in self._began_at.items() if e == self.position.epoch}
             self._began_at[epoch] = self.position.step
-        self._seed(self.position.step, rank)
+        self._seed(self.position.step, ctx.backend.topology.rank)
         self._stepped = self._in_optimizer_step = False  # (an optimizer step that raised left it set)
+        self._in_step = True
+
+    def _leave(self, epoch: int, iteration: int, exc: BaseException | None) -> None:
+        """The block of the step at ``(epoch, iteration)`` ended: completed (``exc`` None:
+        the periodic save), or left by ``exc``, which this raises, or the peer's failure
+        behind it, after the emergency save."""
+        rank = current().backend.topology.rank
         done = self.position.step + 1
-        saving = self.every is not None and done % self.every == 0
+        saving = exc is None and self.every is not None and done % self.every == 0
         try:
-            self._in_step = True
-            try:
-                yield
-            finally:
-                self._in_step = False
-                self._deferred.end()  # a stop put off since an optimizer stepped comes now
+            self._in_step = False
+            self._deferred.end()  # a stop put off since an optimizer stepped comes now
+            if exc is not None:
+                raise exc
             # every rank's random states, at this point, and whether it can write a part
             offers = collectives.all_gather((_randomness.state(), self._can_split(), os.getpid())) if saving else []
             for name in self._zero if saving else ():  # each rank's part of its state, to rank 0 (a collective)
                 self.objects[name].consolidate_state_dict(to=0)
-        except _PEER_FAILURES as exc:
-            self._stopped(exc, epoch, iteration)
+        except _PEER_FAILURES as failure:
+            self._stopped(failure, epoch, iteration)
             raise
         except Terminated as stop:
             # a launcher's SIGTERM in the user's code (inside a tether wait it is a peer's
@@ -396,18 +434,23 @@ class Checkpointer:
                 report_failure(stop)
             self._stopped(behind if isinstance(behind, _PEER_FAILURES) else stop, epoch, iteration)
             raise
-        except RuntimeError as exc:
+        except RuntimeError as error:
             # a backend error out of a raw collective (FSDP's, the user's): a victim if a peer's failure is behind it
-            behind = None if isinstance(exc, TetherError) else failure_behind_raw(current(), exc, "a training step")
+            behind = None if isinstance(error, TetherError) else failure_behind_raw(current(), error, "a training step")
             if not isinstance(behind, _PEER_FAILURES):
                 raise
             self._stopped(behind, epoch, iteration)
-            raise behind from exc
+            raise behind from error
         self.position = _next(epoch, iteration, done)
         self._trained = True
         if saving:
             self._save(offers, rank)
         self._seed_after(done, rank)
+
+    def _left_unfinished(self) -> None:
+        """A step's block that will not end (an engine terminated between its events): no step done."""
+        self._in_step = False
+        self._deferred.end()
 
     def _save(self, offers: list[tuple[Any, bool, int]], rank: int) -> None:
         """The periodic save of ``self.position``, from every rank's (random states, can

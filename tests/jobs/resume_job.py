@@ -37,6 +37,13 @@ DataLoader's workers too (``--loader-workers N``).
 whose state each rank holds a part of: periodic saves gather it on rank 0, and no
 emergency save is possible.
 
+``--engine``: the same training as an ignite ``Engine`` with ``ckpt.attach(trainer)``: the
+process function trains (and fails at step K), the scheduler steps and the log line is
+written in ``ITERATION_COMPLETED`` handlers added after ``attach`` (inside the step, as
+the Checkpointer keeps its own handler last), the sampler's epoch is set (and the
+training DataLoader's generator seeded) at ``EPOCH_STARTED``, and ``--evaluate``'s pass
+runs at ``EPOCH_COMPLETED``. It trains what the plain loop trains, bitwise.
+
 ``--late-register`` (first attempt only): on the other ranks, tether's guard registers
 that all-reduce's future with the watchdog only once the failure has reached the rank, as
 when the main thread is preempted between issuing the all-reduce and registering it.
@@ -96,6 +103,7 @@ parser.add_argument(
     help="after step K rank 0 SIGTERMs the launcher, as a scheduler's preemption; every rank waits between steps",
 )
 parser.add_argument("--stop-group", action="store_true", help="--stop-at SIGTERMs the launcher's process group")
+parser.add_argument("--engine", action="store_true", help="the same training as an ignite Engine")
 parser.add_argument("--loader-workers", type=int, default=0, help="the DataLoader's num_workers")
 parser.add_argument(
     "--evaluate",
@@ -307,6 +315,9 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                 signal.raise_signal(signal.SIGTERM)
 
         opt.register_step_pre_hook(stop_in_optimizer)
+    if args.engine:
+        train_engine(args, ckpt, model, opt, scheduler, loader, own)
+        return
     start = ckpt.resume()
     with open(Path(args.out, f"trained.{rank}"), "a") as log:
         for epoch in range(start.epoch, 2):
@@ -367,6 +378,67 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     ckpt.wait()
     if rank == 0:
         torch.save(model.module.state_dict(), Path(args.out, "final.pt"))
+
+
+def train_engine(
+    args: argparse.Namespace,
+    ckpt: tether.Checkpointer,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loader: DataLoader[Any],
+    own: torch.Generator | None,
+) -> None:
+    """``train``'s loop as an ignite Engine, its iterations the Checkpointer's steps (``--engine``)."""
+    from ignite.engine import Engine, Events
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank = tether.get_rank()
+
+    def update(engine: Engine, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> list[int]:
+        idx, xb, yb = batch
+        if attempt == 0 and ckpt.position.step == args.fail_step and rank == args.fail_rank:
+            if args.settle_before_fail:
+                ckpt.wait()  # as in train()
+            raise RuntimeError(f"injected failure at step {args.fail_step} on rank {rank}")
+        loss = (model(xb) - yb).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return idx.tolist()  # type: ignore[no-any-return]
+
+    trainer = Engine(update)
+    ckpt.attach(trainer)
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def set_epoch(engine: Engine) -> None:
+        loader.sampler.set_epoch(engine.state.epoch - 1)  # type: ignore[attr-defined]
+        if own is not None:
+            own.manual_seed(engine.state.epoch - 1)
+
+    # added after attach: the Checkpointer's handler, which ends the step, still comes last
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: scheduler.step())
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def log_step(engine: Engine) -> None:
+        state = engine.state
+        epoch, it = state.epoch - 1, (state.iteration - 1) % state.epoch_length
+        line = {"attempt": attempt, "epoch": epoch, "it": it, "step": ckpt.position.step + 1, "idx": state.output}
+        with open(Path(args.out, f"trained.{rank}"), "a") as log:
+            log.write(json.dumps(line) + "\n")
+
+    if args.evaluate:
+
+        @trainer.on(Events.EPOCH_COMPLETED)
+        def evaluate(engine: Engine) -> None:
+            with torch.no_grad():
+                for _, xv, _ in DataLoader(loader.dataset, batch_size=16):  # its iterator draws a seed
+                    model(xv)
+
+    trainer.run(loader, max_epochs=2)
+    ckpt.wait()
+    if rank == 0:
+        torch.save(model.module.state_dict(), Path(args.out, "final.pt"))  # type: ignore[operator]
 
 
 if __name__ == "__main__":
