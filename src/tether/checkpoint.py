@@ -86,10 +86,14 @@ on the job's store and writes it with SIGTERM deferred (torchrun SIGTERMs surviv
 after a worker died and SIGKILLs them 30 s later; tether's launcher waits
 ``emergency_budget``), prints one line saying which step it saved and where, and the
 exception goes on. A survivor whose failure came in the middle of ``optimizer.step()``
-writes nothing, and says why; so does every survivor of sharded training or of a
-``ZeroRedundancyOptimizer``; each still lets a periodic save on its way reach the disk
-before it ends (the newest one to resume), as the failing rank does once its failure is
-posted (``_finish_writing``). The same
+writes nothing, and says why; so does one whose last step completed left gradients to a
+later one (a backward and no optimizer step: micro-batches of gradient accumulation, each
+a step, as ignite's ``gradient_accumulation_steps`` under ``attach``), since a checkpoint
+holds no gradients and a resume from there would step on part of them (a periodic save
+that falls on such a step waits for the next step that steps the optimizers); so does
+every survivor of sharded training or of a ``ZeroRedundancyOptimizer``; each still lets
+a periodic save on its way reach the disk before it ends (the newest one to resume), as
+the failing rank does once its failure is posted (``_finish_writing``). The same
 failures met between steps (the evaluation's collective; a preemption's SIGTERM in the
 data loader) find the replica at the last completed step: once the rank's failure is
 posted (``Context.on_failure``), that step is saved the same way.
@@ -269,6 +273,10 @@ class Checkpointer:
         self._optimizers = [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
         self._in_optimizer_step = False
         self._stepped = False  # the optimizer's step finished within the current step
+        # gradients accumulate over steps: the last step completed ran a backward but no
+        # optimizer step (``_accumulating``); a checkpoint holds no gradients
+        self._pending = False
+        self._overdue = False  # a periodic save put off until the optimizers step
         self._trained = False  # a step completed in this process
         self._in_step = False  # inside ``step``'s block
         self._deferred = Deferred()  # SIGINT/SIGTERM put off from an optimizer's step to the block's end
@@ -407,7 +415,11 @@ class Checkpointer:
         behind it, after the emergency save."""
         rank = current().backend.topology.rank
         done = self.position.step + 1
-        saving = exc is None and self.every is not None and done % self.every == 0
+        saving = exc is None and self.every is not None and (done % self.every == 0 or self._overdue)
+        if exc is None:
+            self._pending = self._accumulating()
+            self._overdue = saving and self._pending  # a save now would lose them: at the first step that uses them
+            saving = saving and not self._pending
         try:
             self._in_step = False
             self._deferred.end()  # a stop put off since an optimizer stepped comes now
@@ -446,6 +458,16 @@ class Checkpointer:
         if saving:
             self._save(offers, rank)
         self._seed_after(done, rank)
+
+    def _accumulating(self) -> bool:
+        """Whether the step that just completed left gradients for a later one: it ran no
+        optimizer step, and a parameter of the optimizers has a gradient (a backward ran
+        since their last ``zero_grad``). A resume from here would lose them: ignite's
+        ``gradient_accumulation_steps``, micro-batches each in a step of their own. Known
+        only from the optimizers in ``objects``; a step that stepped them costs nothing."""
+        if self._stepped or not self._optimizers:
+            return False
+        return any(p.grad is not None for opt in self._optimizers for g in opt.param_groups for p in g["params"])
 
     def _left_unfinished(self) -> None:
         """A step's block that will not end (an engine terminated between its events): no step done."""
@@ -531,6 +553,11 @@ class Checkpointer:
             why_not = (
                 "the failure came in the middle of optimizer.step(), so its replica is neither the last step's "
                 "nor this one's"
+            )
+        elif self._pending and not (self._stepped and epoch is not None):
+            why_not = (
+                f"gradients were accumulating (step {self.position.step} ran a backward but no optimizer step), "
+                "and a checkpoint holds no gradients: the last periodic save is the one to resume"
             )
         if why_not is not None:
             sys.stderr.write(f"tether: rank {rank} saved no emergency checkpoint: {why_not}\n")

@@ -104,6 +104,9 @@ parser.add_argument(
 )
 parser.add_argument("--stop-group", action="store_true", help="--stop-at SIGTERMs the launcher's process group")
 parser.add_argument("--engine", action="store_true", help="the same training as an ignite Engine")
+parser.add_argument(
+    "--accumulate", type=int, default=1, help="--engine: the optimizer steps every K iterations, as ignite's trainer"
+)
 parser.add_argument("--loader-workers", type=int, default=0, help="the DataLoader's num_workers")
 parser.add_argument(
     "--evaluate",
@@ -401,10 +404,12 @@ def train_engine(
             if args.settle_before_fail:
                 ckpt.wait()  # as in train()
             raise RuntimeError(f"injected failure at step {args.fail_step} on rank {rank}")
-        loss = (model(xb) - yb).pow(2).mean()
+        if (engine.state.iteration - 1) % args.accumulate == 0:  # as ignite's create_supervised_trainer
+            opt.zero_grad()
+        loss = (model(xb) - yb).pow(2).mean() / args.accumulate
         loss.backward()
-        opt.step()
-        opt.zero_grad()
+        if engine.state.iteration % args.accumulate == 0:
+            opt.step()
         return idx.tolist()  # type: ignore[no-any-return]
 
     trainer = Engine(update)
@@ -417,7 +422,7 @@ def train_engine(
             own.manual_seed(engine.state.epoch - 1)
 
     # added after attach: the Checkpointer's handler, which ends the step, still comes last
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: scheduler.step())
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(every=args.accumulate), lambda engine: scheduler.step())
 
     @trainer.on(Events.ITERATION_COMPLETED)
     def log_step(engine: Engine) -> None:
