@@ -28,7 +28,7 @@ import torch
 
 with warnings.catch_warnings():  # ignite 0.5.5 calls torch.jit.script as it is imported, deprecated in torch 2.13
     warnings.simplefilter("ignore", DeprecationWarning)
-    from ignite.engine import Engine, Events
+    from ignite.engine import DeterministicEngine, Engine, Events
 
 import _harness
 import tether
@@ -725,16 +725,18 @@ def test_a_step_at_a_position_already_trained_is_refused_before_it_runs(tmp_path
     assert ckpt.position == tether.Position(1, 2, 5)
 
 
-def engine(tmp: Path, seen: list[tuple[int, int]], every: int | None = None) -> tuple[Engine, tether.Checkpointer]:
-    """An ignite Engine training a 1x1 model on 8 batches (the numbers 0-7) an epoch; ``seen``
-    gets (epoch, batch) for each batch trained. Its iterations are a Checkpointer's steps."""
+def engine(tmp: Path, seen: list[tuple[int, Any]], every: int | None = None) -> tuple[Engine, tether.Checkpointer]:
+    """An ignite Engine training a 1x1 model, a batch a number (or a tensor of them, from a
+    DataLoader); ``seen`` gets (epoch, batch) for each batch trained. Its iterations are a
+    Checkpointer's steps."""
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
-    def update(engine: Engine, batch: int) -> None:
-        seen.append((engine.state.epoch - 1, batch))
-        model(torch.tensor([[0.1 * batch]])).sum().backward()
+    def update(engine: Engine, batch: int | torch.Tensor) -> None:
+        seen.append((engine.state.epoch - 1, batch if isinstance(batch, int) else batch.tolist()))
+        x = batch if isinstance(batch, int) else batch[0, 0].item()
+        model(torch.tensor([[0.1 * x]])).sum().backward()
         opt.step()
         opt.zero_grad()
 
@@ -760,6 +762,39 @@ def test_an_engine_resumed_through_the_checkpointer_trains_each_batch_once(tmp_p
     assert again == [(0, b) for b in range(5, 8)] + [(1, b) for b in range(8)]
     assert ckpt.position == tether.Position(1, 8, 16)
     assert trainer.state.iteration == 16 and trainer.state.epoch == 2
+
+
+class Drawn(torch.utils.data.Dataset[torch.Tensor]):
+    """Sample i is ``[i, a number drawn from torch's generator as it is fetched]``."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, torch.randint(1000, ())])
+
+
+def test_an_engine_over_a_shuffled_loader_that_draws_as_it_fetches_resumes_the_same_batches(tmp_path: Path) -> None:
+    # the order is the sampler's draw as the epoch's iterator starts, the numbers each
+    # fetch's: a resume after step 5 must give the batches (and their numbers) of a run
+    # nobody stopped. A resume without a reseed after the skips drew other numbers
+    def loader() -> torch.utils.data.DataLoader[torch.Tensor]:
+        return torch.utils.data.DataLoader(Drawn(), batch_size=1, shuffle=True)
+
+    whole: list[tuple[int, Any]] = []
+    trainer, ckpt = engine(tmp_path / "whole", whole)
+    trainer.run(loader(), max_epochs=2)
+    stopped: list[tuple[int, Any]] = []
+    trainer, ckpt = engine(tmp_path / "run", stopped, every=1)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=5), lambda e: e.terminate())
+    trainer.run(loader(), max_epochs=2)
+    ckpt.wait()
+    again: list[tuple[int, Any]] = []
+    trainer, ckpt = engine(tmp_path / "run", again)
+    trainer.run(loader(), max_epochs=2)
+    assert len(stopped) == 5 and len(again) == 11
+    assert stopped + again == whole
+    assert sorted(b[0][0] for e, b in whole if e == 0) == list(range(8))  # (shuffled, once each)
 
 
 def test_an_engine_interrupted_or_terminated_before_its_process_function_keeps_its_steps_counted(
@@ -802,8 +837,16 @@ def test_an_attached_engine_whose_epoch_is_not_one_pass_over_its_data_is_refused
     trainer, _ = engine(tmp_path, [])
     with pytest.raises(ValueError, match="an epoch of the engine must be one pass over its data"):
         trainer.run(max_epochs=1, **run)
+
+
+def test_attach_refuses_what_is_not_a_plain_engine(tmp_path: Path) -> None:
+    # a DeterministicEngine's own seeds and batch sampler fought the Checkpointer's: after a
+    # mid-epoch resume the first batch drew other noise (by hand); it is refused, not half-exact
+    ckpt = tether.Checkpointer({"m": torch.nn.Linear(1, 1)}, tmp_path)
     with pytest.raises(TypeError, match="expected an ignite Engine, got Linear"):
-        tether.Checkpointer({"m": torch.nn.Linear(1, 1)}, tmp_path).attach(torch.nn.Linear(1, 1))
+        ckpt.attach(torch.nn.Linear(1, 1))
+    with pytest.raises(TypeError, match="a DeterministicEngine resumes by its own seeds"):
+        ckpt.attach(DeterministicEngine(lambda e, b: None))
 
 
 def test_runs_seeded_apart_draw_apart_in_their_steps_and_a_run_seeded_alike_draws_alike(tmp_path: Path) -> None:

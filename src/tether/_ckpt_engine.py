@@ -29,6 +29,13 @@ again draws the noise it drew before. An epoch must therefore be one pass over t
 (``epoch_length == len(data)``, or no data): with an ``epoch_length`` of its own, ignite
 goes on with one iterator across epochs, and which batch comes next would depend on the
 whole history.
+
+**Not ignite's DeterministicEngine.** It resumes by seeds of its own and a batch sampler
+that skips without fetching, and draws an epoch's order at its first fetch. Beside the
+Checkpointer's seeds, the first batch after a mid-epoch resume drew other noise (by hand,
+a dataset drawing as it fetches), and reseeding before that fetch changed the order
+instead. ``attach`` refuses it; a plain ``Engine`` with a shuffling sampler resumes
+exactly (the order is the sampler's draw, from the seeds between steps).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ignite.engine import Engine, Events, State
+from ignite.engine import DeterministicEngine, Engine, Events, State
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpointer, Position
@@ -46,6 +53,11 @@ def attach(ckpt: Checkpointer, engine: Engine) -> None:
     """Make ``engine``'s iterations ``ckpt``'s steps (``Checkpointer.attach``)."""
     if not isinstance(engine, Engine):
         raise TypeError(f"Checkpointer.attach: expected an ignite Engine, got {type(engine).__name__}")
+    if isinstance(engine, DeterministicEngine):
+        raise TypeError(
+            "Checkpointer.attach: a DeterministicEngine resumes by its own seeds and batch sampler, which the "
+            "Checkpointer's seeds per step would fight; attach a plain Engine, which it resumes exactly"
+        )
     glue = _Glue(ckpt, engine)
     engine.add_event_handler(Events.STARTED, glue.started)
     engine.add_event_handler(Events.ITERATION_STARTED, glue.opened)
