@@ -73,6 +73,7 @@ def test_a_stall_in_ignites_metric_reduction_is_a_sync_timeout_naming_the_stalle
     assert res.leftovers == []
 
 
+@pytest.mark.full  # default: tests/test_resume.py's Engine, resumed bitwise
 def test_a_rank_killed_in_ignites_training_loop_costs_no_progress_with_the_checkpointer_attached(
     tmp_path: Path,
 ) -> None:

@@ -97,7 +97,9 @@ def test_a_failure_then_a_torchrun_restart_ends_bitwise_identical_to_an_uninterr
 
 
 @pytest.mark.timeout(3 * BOUND + 60)
-@pytest.mark.parametrize("evaluate", [False, True], ids=["plain", "an-evaluation-between-epochs"])
+@pytest.mark.parametrize(
+    "evaluate", [False, pytest.param(True, marks=pytest.mark.full)], ids=["plain", "an-evaluation-between-epochs"]
+)
 def test_random_augmentations_in_a_loaders_workers_resume_exactly_in_a_later_epoch(
     tmp_path: Path, evaluate: bool
 ) -> None:
@@ -485,6 +487,7 @@ def test_an_ignite_engine_with_the_checkpointer_attached_resumes_where_it_failed
     resumed_exactly(res, reference, tmp_path, survivor=0, step=fail_step)
 
 
+@pytest.mark.full  # default: the in-process test of the handlers' order, below
 @pytest.mark.timeout(2 * BOUND + 60)
 def test_an_engines_periodic_save_holds_what_its_iteration_completed_handlers_did(
     reference: Path, tmp_path: Path
@@ -795,6 +798,31 @@ def test_an_engine_over_a_shuffled_loader_that_draws_as_it_fetches_resumes_the_s
     assert len(stopped) == 5 and len(again) == 11
     assert stopped + again == whole
     assert sorted(b[0][0] for e, b in whole if e == 0) == list(range(8))  # (shuffled, once each)
+
+
+def test_an_engines_step_ends_after_the_iteration_completed_handlers_added_after_attach(tmp_path: Path) -> None:
+    # the scheduler steps in a handler added after attach(): the Checkpointer's own handler,
+    # which ends the step and saves, is moved behind it, so the periodic save of step 4
+    # holds a scheduler that stepped 4 times. Left where attach() put it, the save came
+    # first, and a job resumed from it trained one step behind the schedule
+    def job() -> tuple[Engine, tether.Checkpointer, torch.optim.lr_scheduler.LRScheduler]:
+        model = torch.nn.Linear(1, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5**step)
+        trainer = Engine(lambda engine, batch: opt.step())
+        ckpt = tether.Checkpointer({"model": model, "optimizer": opt, "scheduler": scheduler}, tmp_path, every=4)
+        ckpt.attach(trainer)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: scheduler.step())
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=4), lambda engine: engine.terminate())
+        return trainer, ckpt, scheduler
+
+    trainer, ckpt, scheduler = job()
+    trainer.run(list(range(8)), max_epochs=1)
+    ckpt.wait()
+    assert scheduler.last_epoch == 4
+    _, again, scheduler = job()
+    assert again.resume() == tether.Position(0, 4, 4)
+    assert scheduler.last_epoch == 4
 
 
 def test_an_engine_interrupted_or_terminated_before_its_process_function_keeps_its_steps_counted(

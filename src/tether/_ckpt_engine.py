@@ -58,7 +58,7 @@ def attach(ckpt: Checkpointer, engine: Engine) -> None:
             "Checkpointer.attach: a DeterministicEngine resumes by its own seeds and batch sampler, which the "
             "Checkpointer's seeds per step would fight; attach a plain Engine, which it resumes exactly"
         )
-    glue = _Glue(ckpt, engine)
+    glue = _Glue(ckpt, engine.run)
     engine.add_event_handler(Events.STARTED, glue.started)
     engine.add_event_handler(Events.ITERATION_STARTED, glue.opened)
     engine.add_event_handler(Events.ITERATION_COMPLETED, glue.closed)
@@ -69,10 +69,9 @@ def attach(ckpt: Checkpointer, engine: Engine) -> None:
 class _Glue:
     """One engine's steps in one Checkpointer."""
 
-    def __init__(self, ckpt: Checkpointer, engine: Engine) -> None:
+    def __init__(self, ckpt: Checkpointer, run: Callable[..., State]) -> None:
         self.ckpt = ckpt
-        self.engine = engine
-        self.original_run: Callable[..., State] = engine.run
+        self.original_run = run
         self.resumed = False  # the first run's STARTED resumed
         self.length = 0  # the engine's epoch_length, checked as its first run started
         self.open: tuple[int, int] | None = None  # the position of the step whose block is open
@@ -97,7 +96,6 @@ class _Glue:
     def started(self, engine: Engine) -> None:
         if self.resumed:  # a later run() of the same engine goes on from its own state
             return
-        self.resumed = True
         state = engine.state
         length, data = state.epoch_length, state.dataloader
         if length is None or (data is not None and _length(data) != length):
@@ -106,6 +104,7 @@ class _Glue:
                 f"exactly: epoch_length is {length}, len(data) is {_length(data) if data is not None else None}"
             )
         self.length = length
+        self.resumed = True
         start = self.ckpt.resume()
         if start.step == 0:
             return
