@@ -549,6 +549,35 @@ def test_gradients_accumulating_over_engine_iterations_are_never_saved_half_way(
     assert all(torch.equal(ref[name], got[name]) for name in ref)
 
 
+@pytest.fixture(scope="module")
+def reference_epoch_scheduler(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run whose scheduler steps once an epoch, at its end."""
+
+    def make(out: Path) -> None:
+        res = torchrun(out, "--epoch-scheduler", restarts=0)
+        assert res.returncode == 0, res.output[-3000:]
+
+    return _harness.made_once(tmp_path_factory, "reference-epoch-scheduler", make)
+
+
+@pytest.mark.timeout(2 * BOUND + 60)
+@pytest.mark.parametrize("engine", [False, pytest.param(True, marks=pytest.mark.full)], ids=["loop", "engine"])
+def test_a_failure_in_an_epochs_first_step_resumes_without_running_the_last_epochs_end_again(
+    reference_epoch_scheduler: Path, tmp_path: Path, engine: bool
+) -> None:
+    # the scheduler steps at epoch 0's end; rank 1 fails in epoch 1's first step. The
+    # emergency save held the position after epoch 0's last step, so the resumed loop ran
+    # epoch 0's end again (it skips every batch, then steps the scheduler): two steps of
+    # the scheduler for one epoch, other weights (by hand, on the src before). A failure in
+    # a step now saves that step's position: everything before it ran
+    flags = ("--epoch-scheduler", "--fail-step", "8", *(("--engine",) if engine else ()))
+    res = torchrun(tmp_path, *flags)
+    assert res.elapsed < BOUND
+    root = "rank 1 failed: RuntimeError: injected failure at step 8 on rank 1"
+    assert f"[rank 0] stopped: PeerFailure: {root}" in res.output, res.output[-4000:]  # the survivor's
+    resumed_exactly(res, reference_epoch_scheduler, tmp_path, survivor=0, step=8)
+
+
 # --- the directory, in this process (a job of one) ------------------------------------------
 
 
@@ -823,6 +852,47 @@ def test_an_engines_step_ends_after_the_iteration_completed_handlers_added_after
     _, again, scheduler = job()
     assert again.resume() == tether.Position(0, 4, 4)
     assert scheduler.last_epoch == 4
+
+
+def test_an_engine_resumed_from_an_epochs_last_step_runs_that_epochs_end_then_the_next_epoch(tmp_path: Path) -> None:
+    # a periodic save at epoch 0's last step comes before its EPOCH_COMPLETED handlers (a
+    # scheduler stepped per epoch). The resume went straight to epoch 1, the scheduler
+    # one step behind from there on; now it runs epoch 0's end first, as a loop of one's
+    # own does (it skips every batch of the epoch, then runs its end)
+    def job(run: str, every: int | None) -> tuple[Engine, tether.Checkpointer, list[tuple[int, float]]]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(1, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+        rates: list[tuple[int, float]] = []
+
+        def update(engine: Engine, batch: int) -> None:
+            rates.append((engine.state.epoch, opt.param_groups[0]["lr"]))
+            opt.step()
+
+        trainer = Engine(update)
+        ckpt = tether.Checkpointer({"model": model, "optimizer": opt, "scheduler": scheduler}, tmp_path / run, every)
+        ckpt.attach(trainer)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda engine: scheduler.step())
+        return trainer, ckpt, rates
+
+    trainer, _, whole = job("whole", None)
+    trainer.run(list(range(4)), max_epochs=3)
+    trainer, ckpt, stopped = job("run", 4)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=4), lambda engine: engine.terminate())
+    trainer.run(list(range(4)), max_epochs=3)
+    ckpt.wait()
+    trainer, ckpt, again = job("run", None)
+    with warnings.catch_warnings():  # torch's: the restarted process steps the scheduler before its optimizer
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before", UserWarning)
+        trainer.run(list(range(4)), max_epochs=3)
+    assert stopped + again == whole == [(e, 0.1 * 0.5 ** (e - 1)) for e in (1, 2, 3) for _ in range(4)]
+    # an epoch's start moves the position on: a failure met from there saves that epoch's
+    # start, and its resume runs the epoch before's end no more
+    trainer, ckpt, _ = job("started", None)
+    trainer.add_event_handler(Events.EPOCH_STARTED(once=2), lambda engine: engine.terminate())
+    trainer.run(list(range(4)), max_epochs=3)
+    assert ckpt.position == tether.Position(1, 0, 4)
 
 
 def test_an_engine_interrupted_or_terminated_before_its_process_function_keeps_its_steps_counted(

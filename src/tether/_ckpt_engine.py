@@ -30,6 +30,14 @@ again draws the noise it drew before. An epoch must therefore be one pass over t
 goes on with one iterator across epochs, and which batch comes next would depend on the
 whole history.
 
+**An epoch's end.** A checkpoint of an epoch's last step (a periodic save at that step,
+or an emergency one from a failure after it and before the next epoch began) comes before
+the epoch's ``EPOCH_COMPLETED`` handlers ran, or all of them: the resume fires them (a
+scheduler stepped per epoch, an evaluation), as a loop of one's own runs an epoch's end
+again after skipping its batches, then goes on with the next epoch. ``EPOCH_STARTED``
+moves the Checkpointer's position to the new epoch's start (``_epoch_begins``): a failure
+from there on is saved there, and its resume runs the last epoch's end no more.
+
 **Not ignite's DeterministicEngine.** It resumes by seeds of its own and a batch sampler
 that skips without fetching, and draws an epoch's order at its first fetch. Beside the
 Checkpointer's seeds, the first batch after a mid-epoch resume drew other noise (by hand,
@@ -60,6 +68,7 @@ def attach(ckpt: Checkpointer, engine: Engine) -> None:
         )
     glue = _Glue(ckpt, engine.run)
     engine.add_event_handler(Events.STARTED, glue.started)
+    engine.add_event_handler(Events.EPOCH_STARTED, glue.epoch_started)
     engine.add_event_handler(Events.ITERATION_STARTED, glue.opened)
     engine.add_event_handler(Events.ITERATION_COMPLETED, glue.closed)
     engine.add_event_handler(Events.INTERRUPT, glue.interrupted)
@@ -109,14 +118,24 @@ class _Glue:
         if start.step == 0:
             return
         epoch, skip = start.epoch, start.iteration
-        if skip >= length:  # the epoch was done: the next one's iterator starts as after its last step
-            epoch, skip = epoch + 1, 0
-            if start._after_skip is not None:
-                start._after_skip()
-        state.epoch = epoch  # epochs done; the engine's next is epoch + 1 (1-based)
-        state.iteration = epoch * length + skip
-        if skip and data is not None:
-            state.dataloader = _Skipping(data, engine, start, skip)
+        if skip < length:
+            state.epoch = epoch  # epochs done; the engine's next is epoch + 1 (1-based)
+            state.iteration = epoch * length + skip
+            if skip and data is not None:
+                state.dataloader = _Skipping(data, engine, start, skip)
+            return
+        # the epoch's last step was saved, its end not run: a periodic save at that step, or
+        # an emergency one from a failure after it (one in the next epoch's first step saves
+        # that step, its end done). A loop of one's own runs the epoch's end again (it skips
+        # every batch); so does this, as after the step: its handlers (a scheduler stepped
+        # per epoch, an evaluation), then the next epoch
+        state.epoch, state.iteration = epoch + 1, (epoch + 1) * length
+        if start._after_skip is not None:
+            start._after_skip()
+        engine._fire_event(Events.EPOCH_COMPLETED)
+
+    def epoch_started(self, engine: Engine) -> None:
+        self.ckpt._epoch_begins(engine.state.epoch - 1)
 
     def opened(self, engine: Engine) -> None:
         completed = engine._event_handlers[Events.ITERATION_COMPLETED]

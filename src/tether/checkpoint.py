@@ -75,8 +75,10 @@ steps continues exactly too.
 FSDP's, that a peer's failure explains, or a launcher's SIGTERM, come while the user's
 code ran: one that a peer's death explains, or the job's own stop, as a scheduler's
 preemption SIGTERMs every rank), the replica is consistent if the optimizer's
-step had not begun (the state is the last completed step's) or had finished (it is this
-step's); the Checkpointer knows which from hooks on the optimizer. A SIGTERM or SIGINT
+step had not begun (the state is the last completed step's, and the save's position is
+this step's own: what ran before the step, an epoch's end code before a new epoch's first
+step, is not run again by the resume) or had finished (it is this step's); the
+Checkpointer knows which from hooks on the optimizer. A SIGTERM or SIGINT
 that comes once an optimizer began its step is put off to the block's end, so what the
 block updates after it (a scheduler's step, a GradScaler's update) is in the save too;
 a collective of the block between the optimizer's step and those (a loss's all-reduce for
@@ -570,9 +572,14 @@ class Checkpointer:
             # A split save whose parts a failed peer owed ends at once (``_ckpt_parts``)
             self.wait()
             return
-        position = self.position  # between steps, and in a step that had not stepped the optimizers
-        if self._stepped and epoch is not None and iteration is not None:
-            position = _next(epoch, iteration, self.position.step + 1)
+        position = self.position  # between steps: after the last step completed
+        if epoch is not None and iteration is not None:
+            # in a step: all that came before it ran (an epoch's end code, before a new
+            # epoch's first step), so a resume starts at this step, not after the last one
+            # (where a loop runs that epoch's end again: a scheduler stepped per epoch
+            # stepped twice), or after it, if it stepped the optimizers
+            stepped = self._stepped
+            position = _next(epoch, iteration, self.position.step + 1) if stepped else self._at(epoch, iteration)
         if ctx.channel is None or not ctx.channel.claim_emergency(rank, CLAIM_WINDOW):
             return  # a lower survivor saves it: replicas are identical
         self._abandon.set()  # a split periodic save may wait for a part that the failure stopped
@@ -813,6 +820,16 @@ class Checkpointer:
     def _seed_after(self, done: int, rank: int) -> None:
         if self.seed is not None:
             _randomness.seed_between(self.seed, done, rank)
+
+    def _epoch_begins(self, epoch: int) -> None:
+        """``epoch`` begins (an engine's ``EPOCH_STARTED``): the end code of the one before ran,
+        so a failure from here saves this epoch's start, which a resume does not run again."""
+        if epoch > self.position.epoch:
+            self.position = self._at(epoch, 0)
+
+    def _at(self, epoch: int, iteration: int) -> Position:
+        """The step at ``(epoch, iteration)``, before it ran."""
+        return Position(epoch, iteration, self.position.step)
 
     def _began(self, position: Position) -> int:
         """For a save: how many steps were done as the epoch of its position began (``resume``)."""

@@ -44,6 +44,9 @@ the Checkpointer keeps its own handler last), the sampler's epoch is set (and th
 training DataLoader's generator seeded) at ``EPOCH_STARTED``, and ``--evaluate``'s pass
 runs at ``EPOCH_COMPLETED``. It trains what the plain loop trains, bitwise.
 
+``--epoch-scheduler``: the scheduler steps once an epoch, after its last step (the plain
+loop: after the epoch's loop; ``--engine``: at ``EPOCH_COMPLETED``), not after each step.
+
 ``--late-register`` (first attempt only): on the other ranks, tether's guard registers
 that all-reduce's future with the watchdog only once the failure has reached the rank, as
 when the main thread is preempted between issuing the all-reduce and registering it.
@@ -104,6 +107,9 @@ parser.add_argument(
 )
 parser.add_argument("--stop-group", action="store_true", help="--stop-at SIGTERMs the launcher's process group")
 parser.add_argument("--engine", action="store_true", help="the same training as an ignite Engine")
+parser.add_argument(
+    "--epoch-scheduler", action="store_true", help="the scheduler steps once an epoch, at its end (not each step)"
+)
 parser.add_argument(
     "--accumulate", type=int, default=1, help="--engine: the optimizer steps every K iterations, as ignite's trainer"
 )
@@ -353,7 +359,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                         LATE.clear()
                         LATE_REGISTER.clear()
                     opt.step()
-                    scheduler.step()
+                    if not args.epoch_scheduler:
+                        scheduler.step()
                     opt.zero_grad()
                     # logged inside the step: a rank killed by its own periodic save (which
                     # starts when the step ends) has logged what it trained
@@ -374,6 +381,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
                         else:
                             os.kill(launcher, signal.SIGTERM)  # it stops every rank with SIGTERM
                     time.sleep(60)  # between steps, where that SIGTERM finds every rank
+            if args.epoch_scheduler:
+                scheduler.step()
             if args.evaluate:
                 with torch.no_grad():
                     for _, xv, _ in DataLoader(data, batch_size=16):  # its iterator draws a seed
@@ -422,7 +431,10 @@ def train_engine(
             own.manual_seed(engine.state.epoch - 1)
 
     # added after attach: the Checkpointer's handler, which ends the step, still comes last
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(every=args.accumulate), lambda engine: scheduler.step())
+    if args.epoch_scheduler:
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda engine: scheduler.step())
+    else:
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=args.accumulate), lambda engine: scheduler.step())
 
     @trainer.on(Events.ITERATION_COMPLETED)
     def log_step(engine: Engine) -> None:
