@@ -568,7 +568,7 @@ def test_a_failure_in_an_epochs_first_step_resumes_without_running_the_last_epoc
     # the scheduler steps at epoch 0's end; rank 1 fails in epoch 1's first step. The
     # emergency save held the position after epoch 0's last step, so the resumed loop ran
     # epoch 0's end again (it skips every batch, then steps the scheduler): two steps of
-    # the scheduler for one epoch, other weights (by hand, on the src before). A failure in
+    # the scheduler for one epoch, other weights (by hand, on 131f9ec's src). A failure in
     # a step now saves that step's position: everything before it ran
     flags = ("--epoch-scheduler", "--fail-step", "8", *(("--engine",) if engine else ()))
     res = torchrun(tmp_path, *flags)

@@ -385,6 +385,8 @@ class Checkpointer:
 
         Raises:
             ImportError: ignite is not installed.
+            TypeError: not an ignite ``Engine``, or a ``DeterministicEngine`` (it resumes by
+                seeds of its own, which the Checkpointer's would fight).
             ValueError (as the run starts, on every rank alike, before any communication):
                 the engine's epoch is not one pass over its data (an ``epoch_length``
                 other than ``len(data)``, or data without ``len()``).
