@@ -534,7 +534,9 @@ def test_gradients_accumulating_over_engine_iterations_are_never_saved_half_way(
     res = torchrun(tmp_path / "reference", *flags, restarts=0)
     assert res.returncode == 0, res.output[-3000:]
     assert sorted(p.name for p in (tmp_path / "reference" / "ckpt").iterdir())[:2] == ["step-00000004", "step-00000006"]
-    res = torchrun(tmp_path / "run", *flags, "--fail-step", "5")
+    # (rank 1 waits for its part of step 4's periodic save first, as the tests above do: a
+    # step lasts milliseconds, and a part still being written when it fails ends that save)
+    res = torchrun(tmp_path / "run", *flags, "--fail-step", "5", "--settle-before-fail")
     out = res.output
     assert res.returncode == 0, out[-4000:]
     assert res.elapsed < BOUND

@@ -580,8 +580,7 @@ class Checkpointer:
             # epoch's first step), so a resume starts at this step, not after the last one
             # (where a loop runs that epoch's end again: a scheduler stepped per epoch
             # stepped twice), or after it, if it stepped the optimizers
-            stepped = self._stepped
-            position = _next(epoch, iteration, self.position.step + 1) if stepped else self._at(epoch, iteration)
+            position = _next(epoch, iteration, self.position.step + 1) if self._stepped else self._at(epoch, iteration)
         if ctx.channel is None or not ctx.channel.claim_emergency(rank, CLAIM_WINDOW):
             return  # a lower survivor saves it: replicas are identical
         self._abandon.set()  # a split periodic save may wait for a part that the failure stopped
