@@ -44,8 +44,13 @@ def slow_listen(self):
     # the stopped listener, still in a torch call until a timer sets the key it waits for;
     # not a wait that times out: c10d's timeout warning looks up the socket's host name,
     # and a resolver that does not answer (CI, once) held the thread 10 s more
-    threading.Timer(HOLD, setter.set, ("released", "1")).start()
+    timer = threading.Timer(HOLD, setter.set, ("released", "1"))
+    timer.start()
     side.wait(["released"], datetime.timedelta(seconds=30))
+    # the timer is a daemon thread (as the listener that made it) in a torch call of its
+    # own: on a loaded machine it came out of ``set`` after the teardown began, and aborted
+    # rank 1 the way this test guards against (seen once in a fresh clone, 2026-12-06)
+    timer.join()
 
 watchdog.Watchdog._listen = slow_listen
 tether.initialize("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
