@@ -66,6 +66,9 @@ Places (``PLACES``), where the victim is when the fault strikes and where the ot
                 code, the others gather it (``full_tensor()``) and wait in torch's
                 functional collectives' ``wait_tensor``, in C++ (imported after tether
                 started: ``_core/funcol.py`` wraps it as it is imported)
+    store       the victim is in user code; the others wait in ``store.get`` on torch's
+                default store for a key the victim never sets (``_core/storewaits.py``;
+                a stall row's timeout is the job's ``sync_timeout``)
 
 Events are ordered with keys on the job's store (``Sequencer``), not with sleeps: a rank
 marks ``in/<rank>`` just before it enters its wait, and the victim strikes once every
@@ -116,6 +119,7 @@ PLACES = (
     "made",
     "mesh",
     "dtensor",
+    "store",
     "irecv",
 )
 SETTLE = 0.2  # seconds after the marks before a thread strikes (see the module docstring)
@@ -148,7 +152,7 @@ class Case:
     def options(self) -> dict[str, float]:
         options = {"heartbeat": self.heartbeat, "lost_after": self.lost_after, "grace": self.grace}
         # the places whose waits take no timeout= of their own: the job's sync_timeout bounds them
-        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "async", "made", "mesh", "dtensor", "irecv")
+        raw = ("backward", "ddp_hand", "chain", "p2p", "rooted", "async", "made", "mesh", "dtensor", "irecv", "store")
         if self.place in raw and self.timeout is not None:
             options["sync_timeout"] = self.timeout
         return options
@@ -410,6 +414,18 @@ def run_case(case: Case) -> None:
             inject(case, rank)
         seq.mark(f"in/{rank}")
         shards.full_tensor()  # the victim's shard never comes
+        idist.barrier(timeout=timeout)
+        return
+
+    if case.place == "store":
+        import torch.distributed as dist
+
+        if me_victim:
+            seq.wait(f"in/{r}" for r in others)
+            time.sleep(SETTLE)
+            inject(case, rank)
+        seq.mark(f"in/{rank}")
+        dist.distributed_c10d._get_default_store().get("faulttest/never set")
         idist.barrier(timeout=timeout)
         return
 

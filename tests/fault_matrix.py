@@ -270,6 +270,12 @@ ROWS: list[Row] = [
     stall("dtensor", "initialize", 2, 1, bound=B),
     death("sigkill", "dtensor", "initialize", 3, 2, bound=B, detect=WHEREABOUTS, full=True),
     freeze("dtensor", "spawn", 2, 0, bound=B, detect=HEARTBEAT, full=True),
+    # ... behind a wait on a store (store.get on torch's default store: storewaits.py)
+    raise_("F2", "store", "initialize", 4, 2, bound=B, detect=PUSH),
+    stall("store", "spawn", 2, 1, bound=B, full=True),  # default: test_store_waits.py
+    death("sigkill", "store", "initialize", 3, 1, bound=B, detect=WHEREABOUTS, full=True),
+    freeze("store", "spawn", 2, 0, bound=B, detect=HEARTBEAT, full=True),
+    stop("sigterm", "store", "spawn", 3, 2, bound=B, detect=PUSH, full=True),
     # F6: mismatched syncs
     mismatch("barrier", "spawn", 4, 2, bound=B, detect=None, full=True),
     mismatch("first", "initialize", 4, 1, bound=B, detect=None),

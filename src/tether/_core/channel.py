@@ -64,6 +64,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
@@ -72,6 +73,8 @@ from torch._C._distributed_c10d import Store
 from .record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord
 
 FOREVER = datetime.timedelta(days=365)
+# every connection ``clone`` made: tether's own, whose waits are never the user's (storewaits.py)
+OWN_CONNECTIONS: weakref.WeakSet[Store] = weakref.WeakSet()
 ROOT_WAIT = 2.0  # seconds a reader waits for record 1 when its counter is already taken
 
 
@@ -90,6 +93,7 @@ def clone(store: Store) -> Store:
     """A new client connection to ``store`` (torch's stubs lack ``Store.clone``)."""
     client = cast(Store, store.clone())  # type: ignore[attr-defined]
     client.set_timeout(FOREVER)
+    OWN_CONNECTIONS.add(client)
     return client
 
 

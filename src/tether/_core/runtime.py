@@ -34,7 +34,7 @@ from .._checks import to_timedelta
 from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
 from ..errors import TetherError
-from . import context, funcol, nccl, rawcalls
+from . import context, funcol, nccl, rawcalls, storewaits
 from .channel import Channel, clone, generation, has_queues
 from .context import Context
 from .ending import register_atexit, retire, wrap_destroy
@@ -266,6 +266,7 @@ def _watch(
         ctx.hooks.install()  # else ``start`` installs them once the group exists
     wrap_destroy()
     rawcalls.install()
+    storewaits.install()
     funcol.install()
     from .. import bridge  # the API layer, imported late: ignite's internals get tether's waits
 

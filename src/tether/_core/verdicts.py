@@ -183,6 +183,29 @@ def left_behind(ctx: Context, client: Store, group: Group, seq: int, call: str) 
             return
 
 
+def nobody_left(ctx: Context, client: Store, call: str) -> None:
+    """Post the lowest other rank when every other rank finished (this rank waits in ``call``,
+    for a key on a store: ``storewaits.py``).
+
+    Such a wait is for no group: any rank might set its key, so one rank's finish does not
+    end it (the others would meet that rank's finish in their own next wait, and its
+    failure would wake this one). Once every other rank finished, nobody of the job is left
+    to set it. Called by the keeper, on its own connection: one or two reads per period.
+    """
+    assert ctx.channel is not None and ctx.watchdog is not None
+    channel = ctx.channel
+    finished = channel.finished(client)
+    others = [r for r in range(channel.world_size) if r != channel.rank]
+    if not others or not all(r in finished for r in others):
+        return
+    rank = others[0]
+    how, _, lingers = finished[rank]
+    if channel.claim_loss(rank, client):
+        ctx.watchdog.post_and_deliver([finished_record(ctx, rank, how, call, lingers, client)], client)
+    else:
+        ctx.watchdog.wait_for_failure(ROOT_WAIT)
+
+
 def finished_record(
     ctx: Context, rank: int, how: str, call: str, lingers: bool, client: Store | None = None
 ) -> FailureRecord:

@@ -133,6 +133,9 @@ class _Wait:
     on_stall: Callable[[], None] | None = None
     check_at: float | None = None  # monotonic: call ``check`` then, and every period after
     check: Callable[[Store], None] | None = None  # a finished peer? (``verdicts.left_behind``)
+    # wakes a wait on a store of the user's (``storewaits.py``), given ABORT or EXPIRED; only
+    # for a known failure or the deadline: a stop's handler may return, and the wait go on
+    wake: Callable[[str], None] | None = None
 
 
 class Watchdog:
@@ -250,13 +253,14 @@ class Watchdog:
         on_stall: Callable[[], None] | None = None,
         check_at: float | None = None,
         check: Callable[[Store], None] | None = None,
+        wake: Callable[[str], None] | None = None,
     ) -> None:
         """Register the main thread's wait; raises at once if a failure is known."""
         with self._lock:
             if self.failure is not None:
                 self._raise()
-            self._wait = _Wait(event, key, deadline, stall_at, on_stall, check_at, check)
-        if deadline is not None and key is not None:
+            self._wait = _Wait(event, key, deadline, stall_at, on_stall, check_at, check, wake)
+        if deadline is not None and (key is not None or wake is not None):
             with contextlib.suppress(OSError):
                 os.write(self.signal_fd, b"\0")  # the keeper sleeps up to a period: let it see the deadline
 
@@ -348,6 +352,8 @@ class Watchdog:
                 client.compare_set(wait.key, "", value)
             except Exception:
                 log.exception("tether: could not wake the main thread's store wait")
+        if wait.wake is not None and (value == EXPIRED or (value == ABORT and self.failure is not None)):
+            wait.wake(value)
 
     def post_and_deliver(self, records: list[FailureRecord], client: Store) -> None:
         """Post ``records`` (losses found by a judge) and deliver the root cause."""

@@ -1,0 +1,233 @@
+"""Waits on a store tether did not make: woken by a peer's failure, bounded by ``sync_timeout``.
+
+User code coordinates through stores too: ``store.wait([key])`` or ``store.get(key)`` for a
+key another rank sets, on torch's default store (``c10d._get_default_store()``) or a
+``TCPStore`` of its own. Such a wait is in C++: no signal handler runs in it, and nothing
+ends it but the key or the store's own timeout (5 to 30 minutes). Before, a peer that
+raised left a rank there until the ladder ended it (exit 6, no exception of its own), and
+a peer that stalled left it there until the store's timeout, ``sync_timeout`` or not
+(tried by hand, ``tether.spawn``, 2 ranks).
+
+While tether watches, ``Store.get(key)`` and ``Store.wait(keys[, timeout])`` called on
+the main thread, outside a tether call, on a store that is not one of tether's own
+connections (``channel.OWN_CONNECTIONS``), are waits tether knows (any other call, one
+with keyword arguments, or one in a forked child runs as torch's):
+
+* **Woken by a failure.** When a peer's failure reaches this rank, a thread of its own
+  opens a new connection to the store (``clone``: a TCPStore client serialises its calls,
+  so the blocked one cannot be used) and writes ``WOKEN`` to each key waited for that is
+  still missing (``compare_set`` from nothing: a key set meanwhile keeps its value). The
+  wait returns, and raises the failure: ``PeerFailure`` naming the root cause,
+  ``PeerLost``, ``PeerFinished``. Every other rank finished is such a failure too
+  (``verdicts.nobody_left``): nobody of the job is left to set the key.
+* **Bounded.** With ``sync_timeout``, the same wake comes at ``sync_timeout + RAW_MARGIN``
+  (a raw collective's bound): ``SyncTimeout`` naming the ranks that were in no
+  torch.distributed call (``verdicts.expire``). A store's own timeout, if shorter, raises
+  the store's error as before.
+* **Named.** Meanwhile this rank's whereabouts are ``store.get('key') (outside tether)``,
+  and a wait past ``warn_after`` logs a stall report. A launcher's SIGTERM, whose handler
+  runs once the wait returns, becomes the peer's failure behind it, as in a raw call.
+
+The price of a wake: the keys it wrote hold ``WOKEN``. A wrapped ``get`` that reads it, on
+any rank, raises the job's failure (after waiting up to ``HEARD_WITHIN`` for it: the rank
+that wrote it heard of the failure first); ``check``, ``multi_get`` or ``compare_set``
+see the value as it is. The job is failing by then. ``queue_pop`` and ``multi_get`` are
+not wrapped: their waits are the ladder's, as before.
+
+Cost on the happy path, a call whose key is there (``benchmarks/store_waits.py``, one
+process, the user's TCPStore on loopback): ``get`` 56.8 against torch's 47.5 us, ``wait``
+35.6 against 24.4 us (``benchmarks/results/store-waits.md``): the wait's registration
+with the watchdog, as a raw collective's, and the whereabouts. A training step makes no
+store call.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+
+from ..errors import BackendError, TetherError
+from . import context
+from .channel import OWN_CONNECTIONS
+from .group import Group
+from .hooks import Terminated
+from .rawcalls import RAW_MARGIN
+from .verdicts import OUTSIDE, expire, failure_behind_raw, failure_behind_stop, nobody_left, warn_stall
+from .waits import LEFT_CHECK_AFTER
+from .watchdog import EXPIRED, Watchdog
+
+log = logging.getLogger("tether")
+
+WOKEN = "tether: woken by a failure, or by the job's bound"
+HEARD_WITHIN = 5.0  # seconds a rank that read another's WOKEN waits to hear of its failure
+JOIN = 2.0  # seconds the woken wait waits for the thread that woke it (a daemon in a torch call)
+
+_originals: dict[str, Callable[..., Any]] = {}
+_WOKEN = WOKEN.encode()
+_MAIN = threading.main_thread()
+_forked = False  # this process is a fork of the rank's (a DataLoader's worker): not the rank
+_WAKING = threading.Lock()  # one waker at a time sets its thread (wakes are rare)
+
+
+def install() -> None:
+    """Wrap ``Store.get`` and ``Store.wait``, once per process, the first time tether watches a group.
+
+    Like rawcalls' wrappers they stay: without a context a wrapper calls torch's method.
+    """
+    if _originals:
+        return
+    os.register_at_fork(after_in_child=_in_forked_child)
+    for name in ("get", "wait"):
+        original = getattr(Store, name)
+        _originals[name] = original
+        setattr(Store, name, _wrapped(name, original))
+
+
+def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
+        ctx = context.peek()
+        watchdog = ctx.watchdog if ctx is not None else None
+        if (
+            ctx is None
+            or watchdog is None
+            or watchdog.current_call  # inside a tether call, or a raw one: that one is the wait
+            or threading.current_thread() is not _MAIN
+            or _forked
+            or self in OWN_CONNECTIONS
+            or kwargs
+            or not 1 <= len(args) <= (1 if name == "get" else 2)  # get(key), wait(keys[, timeout])
+        ):
+            return original(self, *args, **kwargs)
+        what = args[0]
+        keys = [what] if name == "get" else ([] if isinstance(what, str) else list(what))
+        if not keys or not all(isinstance(k, str) for k in keys):
+            return original(self, *args, **kwargs)
+        return _wait(ctx, watchdog, name, original, self, keys, args)
+
+    return wrapper
+
+
+def _in_forked_child() -> None:
+    global _forked
+    _forked = True
+
+
+def _wait(
+    ctx: context.Context,
+    watchdog: Watchdog,
+    name: str,
+    original: Callable[..., Any],
+    store: Store,
+    keys: Sequence[str],
+    args: tuple[Any, ...],
+) -> Any:
+    if name == "get":
+        call = f"store.get({keys[0]!r})"
+    else:
+        call = "store.wait([" + ", ".join(map(repr, keys[:3])) + (", ...])" if len(keys) > 3 else "])")
+    start = time.monotonic()
+    timeout = ctx.settings.timeout
+    waker = _Waker(store, keys)
+
+    def on_stall() -> None:
+        warn_stall(ctx, _world(watchdog), 0, f"{call} {OUTSIDE}", time.monotonic() - start)
+
+    watchdog.current_call = f"{call} {OUTSIDE}"
+    try:
+        watchdog.begin_wait(
+            deadline=None if timeout is None else start + timeout + RAW_MARGIN,
+            stall_at=start + ctx.settings.warn_after,
+            on_stall=on_stall,
+            check_at=start + LEFT_CHECK_AFTER,
+            check=lambda client: nobody_left(ctx, client, call),
+            wake=waker,
+        )
+        try:
+            got = original(store, *args)
+        except RuntimeError as exc:
+            if isinstance(exc, TetherError):
+                raise
+            # a known failure wins; the store's host gone is the job's (PeerLost); a store's
+            # own timeout, or a closed store of the user's, passes as it is
+            failure = watchdog.failure
+            if failure is None and isinstance(exc, dist.DistNetworkError):
+                failure = failure_behind_raw(ctx, exc, call)
+            if failure is None:
+                raise
+            raise watchdog.taken(failure) from exc
+        except Terminated as stop:  # a launcher's SIGTERM, its handler run as the wait returned
+            behind = failure_behind_stop(ctx)
+            if behind is None:
+                raise
+            raise watchdog.taken(behind) from stop
+    finally:
+        watchdog.end_wait()
+        watchdog.current_call = ""
+        waker.join()
+    woken = got == _WOKEN if name == "get" else waker.wrote
+    if not woken:
+        return got
+    raise watchdog.taken(_why_woken(ctx, watchdog, waker, call, timeout))
+
+
+def _world(watchdog: Watchdog) -> Group:
+    return Group("w", tuple(range(watchdog.channel.world_size)), None)
+
+
+def _why_woken(
+    ctx: context.Context, watchdog: Watchdog, waker: _Waker, call: str, timeout: float | None
+) -> TetherError:
+    if watchdog.failure is not None:
+        return watchdog.failure
+    if waker.value == EXPIRED and timeout is not None:
+        try:
+            return expire(ctx, _world(watchdog), 0, call, timeout, at=OUTSIDE)
+        except dist.DistNetworkError as err:
+            return watchdog.store_lost(err)
+    # another rank's wake: it heard of a failure this rank has not heard of yet
+    failure = watchdog.wait_for_failure(HEARD_WITHIN)
+    return failure or BackendError(
+        f"{call} read {WOKEN!r}: another rank woke this key for a failure that has not reached this rank"
+    )
+
+
+class _Waker:
+    """Wakes one wait on a user's store, from a thread of its own (see the module docstring)."""
+
+    def __init__(self, store: Store, keys: Sequence[str]) -> None:
+        self._store = store
+        self._keys = keys
+        self._thread: threading.Thread | None = None
+        self.value: str | None = None  # ABORT or EXPIRED, once called
+        self.wrote = False  # WOKEN went to a key that was missing
+
+    def __call__(self, value: str) -> None:  # on a watchdog thread: must not block
+        with _WAKING:
+            if self._thread is not None:
+                return
+            self.value = value
+            self._thread = threading.Thread(target=self._write, name="tether-store-wake", daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        try:
+            client = self._store.clone()  # type: ignore[attr-defined]
+            for key in self._keys:
+                if client.compare_set(key, "", WOKEN) == _WOKEN:
+                    self.wrote = True
+        except Exception as exc:
+            log.warning("tether: could not wake a wait on a store of the user's (%s); the ladder ends it", exc)
+
+    def join(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join(JOIN)

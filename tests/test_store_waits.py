@@ -1,0 +1,84 @@
+"""A wait on a store tether did not make is inside the promise: real jobs of ``jobs/store_waits.py``.
+
+Rank 0 waits on torch's default store or a ``TCPStore`` of its own for a key rank 1 would
+set; rank 1 raises, is killed, returns, or stalls. Before ``storewaits.py``, rank 0 sat in
+the store's C++ wait: after a peer's exception until the ladder ended it (exit 6, no
+exception of its own), after a stall until the store's timeout, ``sync_timeout`` or not.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _core import lc_events
+from _harness import Result, python
+
+BOUND = 60.0
+NOTICE_S = 3.0  # a posted failure is heard within ms; a finished rank at the keeper's next check
+SYNC_TIMEOUT = 3.0  # jobs/store_waits.py
+RAW_MARGIN = 1.0  # a wait outside tether calls ends sync_timeout + this (tether/_core/rawcalls.py)
+
+pytestmark = pytest.mark.timeout(BOUND + 60)
+
+
+def _rank0_raised(res: Result) -> dict[str, object]:
+    (e,) = lc_events(res, "raised")
+    assert e["rank"] == 0, e
+    return e
+
+
+def _root_once(res: Result, root: str) -> None:
+    lines = [line for line in res.stderr.splitlines() if "Root cause:" in line]
+    assert len(lines) == 1 and root in lines[0], res.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("how", "store", "op", "exc", "message"),
+    [
+        ("raise", "default", "get", "PeerFailure", "rank 1 failed: ValueError: bad 0.1 on rank 1"),
+        ("kill", "own", "wait", "PeerLost", "rank 1 failed: SIGKILL: process killed by SIGKILL"),
+        (
+            "return",
+            "own",
+            "wait",
+            "PeerFinished",
+            "rank 1 failed: Finished: it returned from the function while rank 0 waits in store.wait(['k'])",
+        ),
+    ],
+    ids=["raise", "kill", "return"],
+)
+def test_a_peers_failure_ends_a_wait_on_a_users_store_with_that_failure(
+    how: str, store: str, op: str, exc: str, message: str
+) -> None:
+    res = python("store_waits.py", how, store, op, bound=BOUND)
+    assert res.returncode == 7, res.output[-3000:]
+    (strike,) = lc_events(res, "strike")
+    e = _rank0_raised(res)
+    assert e["exc"] == exc and str(e["msg"]).startswith(message), e
+    assert e["failing"] == 1, e
+    assert float(e["time"]) - float(strike["time"]) < NOTICE_S, (e, strike)
+    _root_once(res, message.removeprefix("rank 1 failed: ").split(" while ")[0])
+    assert lc_events(res, "got") == []
+    assert res.leftovers == []
+
+
+def test_a_stalled_peer_ends_a_wait_on_a_users_store_at_sync_timeout_naming_the_stalled_rank() -> None:
+    res = python("store_waits.py", "stall", "default", "get", bound=BOUND)
+    assert res.returncode == 7, res.output[-3000:]
+    (began,) = lc_events(res, "waits")
+    e = _rank0_raised(res)
+    message = "store.get('k') timed out after 3 s: rank(s) [1] did not arrive"
+    assert e["exc"] == "SyncTimeout" and str(e["msg"]).startswith(message), e
+    waited = float(e["time"]) - float(began["time"])
+    assert SYNC_TIMEOUT <= waited < SYNC_TIMEOUT + RAW_MARGIN + NOTICE_S, e
+    _root_once(res, f"rank 1 failed: SyncTimeout: {message}")
+    assert res.leftovers == []
+
+
+@pytest.mark.parametrize(("store", "op"), [pytest.param("default", "get", marks=pytest.mark.full), ("own", "wait")])
+def test_a_wait_on_a_users_store_returns_what_the_peer_set(store: str, op: str) -> None:
+    res = python("store_waits.py", "set", store, op, bound=BOUND)
+    assert res.returncode == 0, res.output[-3000:]
+    assert [e["value"] for e in lc_events(res, "got")] == ["v 0.1"]
+    assert lc_events(res, "raised") == []
+    assert res.leftovers == []
