@@ -262,12 +262,13 @@ ROWS: list[Row] = [
     raise_("F2", "async", "initialize", 3, 1, bound=B, detect=PUSH),
     stall("async", "spawn", 2, 1, bound=B, full=True),
     # ... behind the wait on a point-to-point work (a pipeline stage's batch_isend_irecv)
-    stall("irecv", "initialize", 2, 1, bound=B),
+    stall("irecv", "initialize", 2, 1, bound=B, full=True),  # default: test_training.py's pipeline stage
     stall("irecv", "spawn", 3, 2, bound=B, full=True),
     raise_("F2", "irecv", "spawn", 3, 1, bound=B, detect=PUSH, full=True),
     # ... behind the wait of torch's functional collectives (a DTensor's gather)
-    raise_("F2", "dtensor", "spawn", 3, 1, bound=B, detect=PUSH),
-    stall("dtensor", "initialize", 2, 1, bound=B),
+    # default: test_training.py's tensor-parallel forward, a raise and a stall
+    raise_("F2", "dtensor", "spawn", 3, 1, bound=B, detect=PUSH, full=True),
+    stall("dtensor", "initialize", 2, 1, bound=B, full=True),
     death("sigkill", "dtensor", "initialize", 3, 2, bound=B, detect=WHEREABOUTS, full=True),
     freeze("dtensor", "spawn", 2, 0, bound=B, detect=HEARTBEAT, full=True),
     # ... behind a wait on a store (store.get on torch's default store: storewaits.py)

@@ -180,7 +180,9 @@ def test_a_zero_redundancy_optimizer_resumes_bitwise_from_its_periodic_save_and_
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
-@pytest.mark.parametrize("failing", [1, 0], ids=["a-survivor-writes", "the-failing-rank-writes"])
+@pytest.mark.parametrize(
+    "failing", [pytest.param(1, marks=pytest.mark.full), 0], ids=["a-survivor-writes", "the-failing-rank-writes"]
+)
 def test_a_periodic_save_still_on_its_way_when_no_emergency_save_is_possible_reaches_the_disk(
     tmp_path: Path, failing: int
 ) -> None:
@@ -468,7 +470,9 @@ def test_spawn_max_restarts_resumes_from_the_emergency_checkpoint_exactly(refere
 @pytest.mark.timeout(2 * BOUND + 60)
 @pytest.mark.parametrize(
     ("fail_step", "workers"),
-    [(11, "0"), pytest.param(8, "2", marks=pytest.mark.full)],
+    # both in --full: the default run resumes an Engine in the accumulation test below,
+    # and in-process (test_an_engine_resumed_through_the_checkpointer_trains_each_batch_once)
+    [pytest.param(11, "0", marks=pytest.mark.full), pytest.param(8, "2", marks=pytest.mark.full)],
     ids=["in-the-second-epoch", "after-an-epochs-last-step-with-loader-workers"],
 )
 def test_an_ignite_engine_with_the_checkpointer_attached_resumes_where_it_failed_bitwise(
@@ -1084,7 +1088,7 @@ def _sharded(out: Path, *args: str) -> Result:
 
 
 @pytest.mark.timeout(2 * BOUND + 60)
-@pytest.mark.parametrize("split", ["fsdp", "tp"])
+@pytest.mark.parametrize("split", ["fsdp", pytest.param("tp", marks=pytest.mark.full)])
 def test_sharded_state_resumes_from_dcp_checkpoints_bitwise_and_saves_no_emergency_one(
     tmp_path: Path, split: str
 ) -> None:

@@ -33,7 +33,10 @@ no_forkserver = pytest.mark.skipif("forkserver" not in multiprocessing.get_all_s
 
 @pytest.mark.parametrize(
     ("args", "forked_from_server"),
-    [pytest.param((), True, marks=no_forkserver, id="default-forkserver"), pytest.param(("spawn",), False, id="spawn")],
+    [
+        pytest.param((), True, marks=no_forkserver, id="default-forkserver"),
+        pytest.param(("spawn",), False, id="spawn", marks=pytest.mark.full),
+    ],
 )
 def test_each_worker_sees_the_launchers_environment_of_its_job_and_torch_comes_preloaded_only_from_the_server(
     args: tuple[str, ...], forked_from_server: bool
