@@ -36,7 +36,7 @@ def _root_once(res: Result, root: str) -> None:
     ("how", "store", "op", "exc", "message"),
     [
         ("raise", "default", "get", "PeerFailure", "rank 1 failed: ValueError: bad 0.1 on rank 1"),
-        ("kill", "own", "wait", "PeerLost", "rank 1 failed: SIGKILL: process killed by SIGKILL"),
+        ("kill", "own", "multi_get", "PeerLost", "rank 1 failed: SIGKILL: process killed by SIGKILL"),
         (
             "return",
             "own",

@@ -1,8 +1,8 @@
 """A wait on a store tether did not make (``tether/_core/storewaits.py``): ``store_waits.py HOW STORE OP``.
 
 ``tether.spawn``, 2 ranks. After a barrier, rank 0 waits on STORE (``default``: torch's
-default store, ``own``: a ``TCPStore`` that rank 0 hosts) with OP (``get``, or ``wait``
-and then ``get``) for the key ``k``, which rank 1 sets 0.5 s later to ``v 0.1``, unless HOW
+default store, ``own``: a ``TCPStore`` that rank 0 hosts) with OP (``get``, ``multi_get``,
+or ``wait`` and then ``get``) for the key ``k``, which rank 1 sets 0.5 s later to ``v 0.1``, unless HOW
 strikes it first: ``raise`` (ValueError), ``kill`` (SIGKILL to itself), ``return`` (it
 returns from the function) or ``stall`` (it sleeps for a minute; the job's
 ``sync_timeout`` is 3 s). ``set`` strikes nothing.
@@ -52,7 +52,7 @@ def fn(local_rank: int, port: int) -> None:
     try:
         if OP == "wait":
             store.wait(["k"])
-        got = store.get("k")
+        got = store.multi_get(["k"])[0] if OP == "multi_get" else store.get("k")
     except BaseException as exc:
         raised(rank, exc)
         raise

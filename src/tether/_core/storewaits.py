@@ -8,8 +8,8 @@ raised left a rank there until the ladder ended it (exit 6, no exception of its 
 a peer that stalled left it there until the store's timeout, ``sync_timeout`` or not
 (tried by hand, ``tether.spawn``, 2 ranks).
 
-While tether watches, ``Store.get(key)`` and ``Store.wait(keys[, timeout])`` called on
-the main thread, outside a tether call, on a store that is not one of tether's own
+While tether watches, ``Store.get(key)``, ``Store.wait(keys[, timeout])`` and
+``Store.multi_get(keys)`` called on the main thread, outside a tether call, on a store that is not one of tether's own
 connections (``channel.OWN_CONNECTIONS``), are waits tether knows (any other call, one
 with keyword arguments, or one in a forked child runs as torch's):
 
@@ -30,9 +30,10 @@ with keyword arguments, or one in a forked child runs as torch's):
 
 The price of a wake: the keys it wrote hold ``WOKEN``. A wrapped ``get`` that reads it, on
 any rank, raises the job's failure (after waiting up to ``HEARD_WITHIN`` for it: the rank
-that wrote it heard of the failure first); ``check``, ``multi_get`` or ``compare_set``
-see the value as it is. The job is failing by then. ``queue_pop`` and ``multi_get`` are
-not wrapped: their waits are the ladder's, as before.
+that wrote it heard of the failure first), as does a ``multi_get`` that reads one;
+``check`` or ``compare_set`` see the value as it is. The job is failing by then.
+``queue_pop`` is not wrapped (a marker pushed to wake it would be another rank's next
+item): its wait is the ladder's, as before.
 
 Cost on the happy path, a call whose key is there (``benchmarks/store_waits.py``, one
 process, the user's TCPStore on loopback): ``get`` 56.8 against torch's 47.5 us, ``wait``
@@ -71,6 +72,7 @@ HEARD_WITHIN = 5.0  # seconds a rank that read another's WOKEN waits to hear of 
 JOIN = 2.0  # seconds the woken wait waits for the thread that woke it (a daemon in a torch call)
 
 _originals: dict[str, Callable[..., Any]] = {}
+_MOST_ARGS = {"get": 1, "wait": 2, "multi_get": 1}  # get(key), wait(keys[, timeout]), multi_get(keys)
 _WOKEN = WOKEN.encode()
 _MAIN = threading.main_thread()
 _forked = False  # this process is a fork of the rank's (a DataLoader's worker): not the rank
@@ -78,14 +80,15 @@ _WAKING = threading.Lock()  # one waker at a time sets its thread (wakes are rar
 
 
 def install() -> None:
-    """Wrap ``Store.get`` and ``Store.wait``, once per process, the first time tether watches a group.
+    """Wrap ``Store.get``, ``Store.wait`` and ``Store.multi_get``, once per process (the
+    first time tether watches a group).
 
     Like rawcalls' wrappers they stay: without a context a wrapper calls torch's method.
     """
     if _originals:
         return
     os.register_at_fork(after_in_child=_in_forked_child)
-    for name in ("get", "wait"):
+    for name in _MOST_ARGS:
         original = getattr(Store, name)
         _originals[name] = original
         setattr(Store, name, _wrapped(name, original))
@@ -104,7 +107,7 @@ def _wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             or _forked
             or self in OWN_CONNECTIONS
             or kwargs
-            or not 1 <= len(args) <= (1 if name == "get" else 2)  # get(key), wait(keys[, timeout])
+            or not 1 <= len(args) <= _MOST_ARGS[name]
         ):
             return original(self, *args, **kwargs)
         what = args[0]
@@ -133,7 +136,7 @@ def _wait(
     if name == "get":
         call = f"store.get({keys[0]!r})"
     else:
-        call = "store.wait([" + ", ".join(map(repr, keys[:3])) + (", ...])" if len(keys) > 3 else "])")
+        call = f"store.{name}([" + ", ".join(map(repr, keys[:3])) + (", ...])" if len(keys) > 3 else "])")
     start = time.monotonic()
     timeout = ctx.settings.timeout
     waker = _Waker(store, keys)
@@ -173,7 +176,12 @@ def _wait(
         watchdog.end_wait()
         watchdog.current_call = ""
         waker.join()
-    woken = got == _WOKEN if name == "get" else waker.wrote
+    if name == "get":
+        woken = got == _WOKEN
+    elif name == "multi_get":
+        woken = any(value == _WOKEN for value in got)
+    else:
+        woken = waker.wrote
     if not woken:
         return got
     raise watchdog.taken(_why_woken(ctx, watchdog, waker, call, timeout))
