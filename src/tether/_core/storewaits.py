@@ -14,11 +14,12 @@ connections (``channel.OWN_CONNECTIONS``), are waits tether knows (any other cal
 with keyword arguments, or one in a forked child runs as torch's):
 
 * **Woken by a failure.** When a peer's failure reaches this rank, a thread of its own
-  opens a new connection to the store (``clone``: a TCPStore client serialises its calls,
-  so the blocked one cannot be used) and writes ``WOKEN`` to each key waited for that is
-  still missing (``compare_set`` from nothing: a key set meanwhile keeps its value). The
-  wait returns, and raises the failure: ``PeerFailure`` naming the root cause,
-  ``PeerLost``, ``PeerFinished``. Every other rank finished is such a failure too
+  writes ``WOKEN``, on a connection of its own to the store (``clone``, opened at the
+  store's first wait: ``_connect``; a TCPStore client serialises its calls, so the
+  blocked one cannot be used), to each key waited for that is still missing
+  (``compare_set`` from nothing: a key set meanwhile keeps its value). The wait returns,
+  and raises the failure: ``PeerFailure`` naming the root cause, ``PeerLost``,
+  ``PeerFinished``. Every other rank finished is such a failure too
   (``verdicts.nobody_left``): nobody of the job is left to set the key.
 * **Bounded.** With ``sync_timeout``, the same wake comes at ``sync_timeout + RAW_MARGIN``
   (a raw collective's bound): ``SyncTimeout`` naming the ranks that were in no
@@ -36,10 +37,10 @@ that wrote it heard of the failure first), as does a ``multi_get`` that reads on
 item): its wait is the ladder's, as before.
 
 Cost on the happy path, a call whose key is there (``benchmarks/store_waits.py``, one
-process, the user's TCPStore on loopback): ``get`` 56.8 against torch's 47.5 us, ``wait``
-35.6 against 24.4 us (``benchmarks/results/store-waits.md``): the wait's registration
-with the watchdog, as a raw collective's, and the whereabouts. A training step makes no
-store call.
+process, the user's TCPStore on loopback): ``get`` 57.1 against torch's 45.7 us, ``wait``
+36.6 against 24.1 us (``benchmarks/results/store-waits.md``): the wait's registration
+with the watchdog, as a raw collective's, and the whereabouts; and, once per store
+object, a connection of its own (``_connect``). A training step makes no store call.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
@@ -77,6 +79,8 @@ _WOKEN = WOKEN.encode()
 _MAIN = threading.main_thread()
 _forked = False  # this process is a fork of the rank's (a DataLoader's worker): not the rank
 _WAKING = threading.Lock()  # one waker at a time sets its thread (wakes are rare)
+# store -> the connection its wakes write on, opened at its first wait (None: it has none)
+_connections: weakref.WeakKeyDictionary[Store, Store | None] = weakref.WeakKeyDictionary()
 
 
 def install() -> None:
@@ -137,6 +141,8 @@ def _wait(
         call = f"store.get({keys[0]!r})"
     else:
         call = f"store.{name}([" + ", ".join(map(repr, keys[:3])) + (", ...])" if len(keys) > 3 else "])")
+    if store not in _connections:
+        _connections[store] = _connect(store)
     start = time.monotonic()
     timeout = ctx.settings.timeout
     waker = _Waker(store, keys)
@@ -146,16 +152,31 @@ def _wait(
 
     watchdog.current_call = f"{call} {OUTSIDE}"
     try:
-        watchdog.begin_wait(
-            deadline=None if timeout is None else start + timeout + RAW_MARGIN,
-            stall_at=start + ctx.settings.warn_after,
-            on_stall=on_stall,
-            check_at=start + LEFT_CHECK_AFTER,
-            check=lambda client: nobody_left(ctx, client, call),
-            wake=waker,
-        )
         try:
-            got = original(store, *args)
+            watchdog.begin_wait(
+                deadline=None if timeout is None else start + timeout + RAW_MARGIN,
+                stall_at=start + ctx.settings.warn_after,
+                on_stall=on_stall,
+                check_at=start + LEFT_CHECK_AFTER,
+                check=lambda client: nobody_left(ctx, client, call),
+                wake=waker,
+            )
+            try:
+                got = original(store, *args)
+            finally:
+                watchdog.end_wait()
+                waker.join()
+            if name == "get":
+                woken = got == _WOKEN
+            elif name == "multi_get":
+                woken = any(value == _WOKEN for value in got)
+            else:
+                woken = waker.wrote
+            if not woken:
+                return got
+            # still in the call: a stop while this rank waits to hear of the failure (another
+            # rank's marker, read first) is the failure's, below
+            raise watchdog.taken(_why_woken(ctx, watchdog, waker, call, timeout))
         except RuntimeError as exc:
             if isinstance(exc, TetherError):
                 raise
@@ -173,18 +194,7 @@ def _wait(
                 raise
             raise watchdog.taken(behind) from stop
     finally:
-        watchdog.end_wait()
         watchdog.current_call = ""
-        waker.join()
-    if name == "get":
-        woken = got == _WOKEN
-    elif name == "multi_get":
-        woken = any(value == _WOKEN for value in got)
-    else:
-        woken = waker.wrote
-    if not woken:
-        return got
-    raise watchdog.taken(_why_woken(ctx, watchdog, waker, call, timeout))
 
 
 def _world(watchdog: Watchdog) -> Group:
@@ -208,6 +218,21 @@ def _why_woken(
     )
 
 
+def _connect(store: Store) -> Store | None:
+    """A connection of its own to ``store``, for its wakes; opened before any failure.
+
+    Opened at the failure, under torchrun's agent store, it could find the agent no longer
+    answering: in 1 of 12 runs of F2-raise-store-initialize-4r three at a time (and in a
+    fresh clone's suite), every survivor's clone was still connecting when the ladder ended
+    it 3 s later, torchrun's SIGTERM having come 33 ms after the wake.
+    """
+    try:
+        return cast(Store, store.clone())  # type: ignore[attr-defined]
+    except Exception as exc:
+        log.debug("tether: no connection of its own to a store of the user's (%s)", exc)
+        return None
+
+
 class _Waker:
     """Wakes one wait on a user's store, from a thread of its own (see the module docstring)."""
 
@@ -219,16 +244,17 @@ class _Waker:
         self.wrote = False  # WOKEN went to a key that was missing
 
     def __call__(self, value: str) -> None:  # on a watchdog thread: must not block
-        with _WAKING:
+        with _WAKING:  # started before it is seen: the main thread joins it once its wait returns
             if self._thread is not None:
                 return
             self.value = value
-            self._thread = threading.Thread(target=self._write, name="tether-store-wake", daemon=True)
-        self._thread.start()
+            thread = threading.Thread(target=self._write, name="tether-store-wake", daemon=True)
+            thread.start()
+            self._thread = thread
 
     def _write(self) -> None:
         try:
-            client = self._store.clone()  # type: ignore[attr-defined]
+            client = _connections.get(self._store) or self._store.clone()  # type: ignore[attr-defined]
             for key in self._keys:
                 if client.compare_set(key, "", WOKEN) == _WOKEN:
                     self.wrote = True
