@@ -14,8 +14,8 @@ connections (``channel.OWN_CONNECTIONS``), are waits tether knows (any other cal
 with keyword arguments, or one in a forked child runs as torch's):
 
 * **Woken by a failure.** When a peer's failure reaches this rank, a thread of its own
-  writes ``WOKEN``, on a connection of its own to the store (``clone``, opened at the
-  store's first wait: ``_connect``; a TCPStore client serialises its calls, so the
+  writes ``WOKEN``, on a connection of its own to the store (``clone``, opened from the
+  store's first wait: ``_connect_soon``; a TCPStore client serialises its calls, so the
   blocked one cannot be used), to each key waited for that is still missing
   (``compare_set`` from nothing: a key set meanwhile keeps its value). The wait returns,
   and raises the failure: ``PeerFailure`` naming the root cause, ``PeerLost``,
@@ -37,14 +37,15 @@ that wrote it heard of the failure first), as does a ``multi_get`` that reads on
 item): its wait is the ladder's, as before.
 
 Cost on the happy path, a call whose key is there (``benchmarks/store_waits.py``, one
-process, the user's TCPStore on loopback): ``get`` 57.1 against torch's 45.7 us, ``wait``
-36.6 against 24.1 us (``benchmarks/results/store-waits.md``): the wait's registration
+process, the user's TCPStore on loopback): ``get`` 41.0 against torch's 33.1 us, ``wait``
+25.7 against 16.9 us (``benchmarks/results/store-waits.md``): the wait's registration
 with the watchdog, as a raw collective's, and the whereabouts; and, once per store
-object, a connection of its own (``_connect``). A training step makes no store call.
+object, a connection of its own opened on a thread (``_connect_soon``). A training step makes no store call.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -79,8 +80,9 @@ _WOKEN = WOKEN.encode()
 _MAIN = threading.main_thread()
 _forked = False  # this process is a fork of the rank's (a DataLoader's worker): not the rank
 _WAKING = threading.Lock()  # one waker at a time sets its thread (wakes are rare)
-# store -> the connection its wakes write on, opened at its first wait (None: it has none)
+# store -> the connection its wakes write on, opened from its first wait (None: not yet, or none)
 _connections: weakref.WeakKeyDictionary[Store, Store | None] = weakref.WeakKeyDictionary()
+_connecting: list[threading.Thread] = []  # the threads opening them (joined at exit)
 
 
 def install() -> None:
@@ -92,6 +94,7 @@ def install() -> None:
     if _originals:
         return
     os.register_at_fork(after_in_child=_in_forked_child)
+    atexit.register(_join_connects)
     for name in _MOST_ARGS:
         original = getattr(Store, name)
         _originals[name] = original
@@ -142,7 +145,7 @@ def _wait(
     else:
         call = f"store.{name}([" + ", ".join(map(repr, keys[:3])) + (", ...])" if len(keys) > 3 else "])")
     if store not in _connections:
-        _connections[store] = _connect(store)
+        _connect_soon(store)
     start = time.monotonic()
     timeout = ctx.settings.timeout
     waker = _Waker(store, keys)
@@ -218,19 +221,45 @@ def _why_woken(
     )
 
 
-def _connect(store: Store) -> Store | None:
-    """A connection of its own to ``store``, for its wakes; opened before any failure.
+def _connect_soon(store: Store) -> None:
+    """Open a connection of its own to ``store``, for its wakes, on a thread: the caller goes on.
 
     Opened at the failure, under torchrun's agent store, it could find the agent no longer
     answering: in 1 of 12 runs of F2-raise-store-initialize-4r three at a time (and in a
     fresh clone's suite), every survivor's clone was still connecting when the ladder ended
-    it 3 s later, torchrun's SIGTERM having come 33 ms after the wake.
+    it 3 s later, torchrun's SIGTERM having come 33 ms after the wake. Opened on the main
+    thread at the first wait, it held a rank whose first wait came after a peer's failure
+    (a ``pytest --full`` run, F8-sigterm-collective-parallel-4r: the clone never returned,
+    the ladder ended the rank). On a thread of its own neither waits for it; a wake that
+    finds it not yet open opens one itself. The exit joins it (``_join_connects``).
     """
+    with _WAKING:
+        if store in _connections:
+            return
+        _connections[store] = None
+        thread = threading.Thread(target=_connect, args=(store,), name="tether-store-connect", daemon=True)
+        thread.start()
+        _connecting[:] = [t for t in _connecting if t.is_alive()]
+        _connecting.append(thread)
+
+
+def _connect(store: Store) -> None:
     try:
-        return cast(Store, store.clone())  # type: ignore[attr-defined]
+        client = cast(Store, store.clone())  # type: ignore[attr-defined]
     except Exception as exc:
         log.debug("tether: no connection of its own to a store of the user's (%s)", exc)
-        return None
+        return
+    with _WAKING:
+        _connections[store] = client
+
+
+def _join_connects() -> None:
+    """At exit, before Python's teardown: a daemon thread that comes out of a torch call in
+    it aborts the process (``watchdog.py``, "Stopping"). Opening takes milliseconds; one
+    that does not end within ``JOIN`` waits on a store that no longer answers, and stays."""
+    deadline = time.monotonic() + JOIN
+    for thread in _connecting:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _Waker:
