@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from lifecycle_common import emit, launcher_failed, raised
+from lifecycle_common import emit, launcher_failed, raised, stops_held
 
 import tether
 
@@ -114,12 +114,15 @@ def kill_rank(out: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         tether.barrier()
     except BaseException as exc:
-        now = time.time()
-        path = Path(out, "killed")
-        while not path.exists() and time.time() < now + 5:
-            time.sleep(0.01)
-        killed = float(path.read_text()) if path.exists() else None
-        raised(rank, exc, latency=None if killed is None else round(now - killed, 4))
+        # torchrun's SIGTERM (0.1 s after rank 1's death) landed here once, before the
+        # report: rank 2 stopped without its line (pytest --full, 2026-12-06)
+        with stops_held():
+            now = time.time()
+            path = Path(out, "killed")
+            while not path.exists() and time.time() < now + 5:
+                time.sleep(0.01)
+            killed = float(path.read_text()) if path.exists() else None
+            raised(rank, exc, latency=None if killed is None else round(now - killed, 4))
         raise
     finally:
         tether.finalize()
