@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from . import _checks
 from ._core.context import Context
-from ._core.group import Group
+from ._core.group import Group, all_ranks
 from ._core.runtime import current
 
 
@@ -45,7 +45,7 @@ def world(ctx: Context) -> Group:
     """Every rank of the job (made once per context: it is on every collective's happy path)."""
     group = ctx.world
     if group is None:
-        group = ctx.world = Group("w", tuple(range(ctx.backend.topology.world_size)), None)
+        group = ctx.world = all_ranks(ctx.backend.topology.world_size)
     return group
 
 

@@ -27,6 +27,12 @@ class Group:
         return f"ranks {list(self.members)}"
 
 
+def all_ranks(size: int) -> Group:
+    """Every rank of a job of ``size``: the group of the job's syncs, and of a verdict on a call
+    that waits for any rank (a raw collective on an unknown group, a wait on a store)."""
+    return Group("w", tuple(range(size)), None)
+
+
 def tag(group: Group, seq: int) -> str:
     """``#28`` (all ranks) or ``#28 on ranks [0, 2]``: the sync's number among its group's."""
     return f"#{seq}" + (f" on {group.label}" if group.label else "")

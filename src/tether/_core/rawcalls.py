@@ -65,7 +65,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import TetherError
 from . import context, lent, making, nccl
-from .group import Group
+from .group import all_ranks
 from .hooks import Terminated
 from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, warn_stall
 
@@ -287,8 +287,7 @@ def _outside(
     start = time.monotonic()
 
     def on_stall() -> None:
-        world = Group("w", tuple(range(watchdog.channel.world_size)), None)
-        warn_stall(ctx, world, 0, call, time.monotonic() - start)
+        warn_stall(ctx, all_ranks(watchdog.channel.world_size), 0, call, time.monotonic() - start)
 
     try:
         # nothing to wake: for the stall report only (it raises a known failure)

@@ -61,7 +61,7 @@ from torch._C._distributed_c10d import Store
 from ..errors import BackendError, TetherError
 from . import context
 from .channel import OWN_CONNECTIONS
-from .group import Group
+from .group import all_ranks
 from .hooks import Terminated
 from .rawcalls import RAW_MARGIN
 from .verdicts import OUTSIDE, expire, failure_behind_raw, failure_behind_stop, nobody_left, warn_stall
@@ -151,7 +151,7 @@ def _wait(
     waker = _Waker(store, keys)
 
     def on_stall() -> None:
-        warn_stall(ctx, _world(watchdog), 0, f"{call} {OUTSIDE}", time.monotonic() - start)
+        warn_stall(ctx, all_ranks(watchdog.channel.world_size), 0, f"{call} {OUTSIDE}", time.monotonic() - start)
 
     watchdog.current_call = f"{call} {OUTSIDE}"
     try:
@@ -200,10 +200,6 @@ def _wait(
         watchdog.current_call = ""
 
 
-def _world(watchdog: Watchdog) -> Group:
-    return Group("w", tuple(range(watchdog.channel.world_size)), None)
-
-
 def _why_woken(
     ctx: context.Context, watchdog: Watchdog, waker: _Waker, call: str, timeout: float | None
 ) -> TetherError:
@@ -211,7 +207,7 @@ def _why_woken(
         return watchdog.failure
     if waker.value == EXPIRED and timeout is not None:
         try:
-            return expire(ctx, _world(watchdog), 0, call, timeout, at=OUTSIDE)
+            return expire(ctx, all_ranks(watchdog.channel.world_size), 0, call, timeout, at=OUTSIDE)
         except dist.DistNetworkError as err:
             return watchdog.store_lost(err)
     # another rank's wake: it heard of a failure this rank has not heard of yet

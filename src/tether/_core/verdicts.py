@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import Store
 from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherError
 from .channel import ROOT_WAIT, Answers
 from .context import Context
-from .group import Group, tag
+from .group import Group, all_ranks, tag
 from .record import KIND_FINISHED, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
@@ -321,7 +321,7 @@ def failure_behind_raw(
         return watchdog.taken(watchdog.failure)
     if not is_backend_error(exc):
         return None
-    world = Group("w", tuple(range(ctx.channel.world_size)), None)
+    world = all_ranks(ctx.channel.world_size)
     try:
         timeout = ctx.settings.timeout
         if _is_timeout(exc) and timeout is not None:
