@@ -67,7 +67,7 @@ from ..errors import TetherError
 from . import context, lent, making, nccl
 from .group import all_ranks
 from .hooks import Terminated
-from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, warn_stall
+from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, raise_behind_stop, warn_stall
 
 RAW_MARGIN = 1.0  # seconds gloo's timeout exceeds sync_timeout: tether's own waits expire first
 
@@ -305,10 +305,7 @@ def _outside(
             raise
         raise failure from exc
     except Terminated as stop:
-        behind = failure_behind_stop(ctx)
-        if behind is None:
-            raise
-        raise watchdog.taken(behind) from stop
+        raise_behind_stop(ctx, stop)
     finally:
         watchdog.end_wait()
         watchdog.current_call = ""

@@ -64,7 +64,7 @@ from .channel import OWN_CONNECTIONS
 from .group import all_ranks
 from .hooks import Terminated
 from .rawcalls import RAW_MARGIN
-from .verdicts import OUTSIDE, expire, failure_behind_raw, failure_behind_stop, nobody_left, warn_stall
+from .verdicts import OUTSIDE, expire, failure_behind_raw, nobody_left, raise_behind_stop, warn_stall
 from .waits import LEFT_CHECK_AFTER
 from .watchdog import EXPIRED, Watchdog
 
@@ -192,10 +192,7 @@ def _wait(
                 raise
             raise watchdog.taken(failure) from exc
         except Terminated as stop:  # a launcher's SIGTERM, its handler run as the wait returned
-            behind = failure_behind_stop(ctx)
-            if behind is None:
-                raise
-            raise watchdog.taken(behind) from stop
+            raise_behind_stop(ctx, stop)
     finally:
         watchdog.current_call = ""
 

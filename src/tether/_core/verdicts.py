@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
@@ -351,6 +351,18 @@ def failure_behind_stop(ctx: Context) -> TetherError | None:
     if ctx.watchdog is None or ctx.channel is None:
         return None
     return _failure_behind_stop(ctx)
+
+
+def raise_behind_stop(ctx: Context, stop: BaseException) -> NoReturn:
+    """Raise the peer failure behind ``stop``, a SIGTERM's ``Terminated`` that reached a wait, or ``stop`` itself.
+
+    Called in the ``except`` that caught it; the failure is raised from it, and the
+    watchdog's ladder stands down (``Watchdog.taken``).
+    """
+    behind = failure_behind_stop(ctx)
+    if behind is None or ctx.watchdog is None:
+        raise stop
+    raise ctx.watchdog.taken(behind) from stop
 
 
 def _failure_behind_stop(ctx: Context) -> TetherError | None:

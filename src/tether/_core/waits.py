@@ -66,6 +66,7 @@ from .verdicts import (
     failure_behind_stop,
     is_backend_error,
     mismatch,
+    raise_behind_stop,
     warn_stall,
 )
 from .watchdog import ABORT, EXPIRED, SIGNALLED
@@ -116,12 +117,8 @@ def in_call(ctx: Context, call: str) -> Iterator[None]:
     watchdog.current_call = call
     try:
         yield
-    except Terminated as stop:
-        # a launcher's SIGTERM while this rank waits: usually because a peer died
-        behind = failure_behind_stop(ctx)
-        if behind is None:
-            raise
-        raise watchdog.taken(behind) from stop
+    except Terminated as stop:  # a launcher's SIGTERM while this rank waits: usually because a peer died
+        raise_behind_stop(ctx, stop)
     finally:
         watchdog.call_state = previous
 
