@@ -56,12 +56,9 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
         if failure is not None:
             return failure
     me = ctx.channel.rank
-    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
     label = tag(group, seq)
     at = f" {label}" if at is None else at
-    missing = [r for r in group.members if r != me and not answers.get(r, "").split("\n", 1)[0].endswith(at)]
-    where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
-    waiting = [r for r in missing if _in_a_call(where[r])]
+    answers, missing, where, waiting = _who_is_missing(ctx, group, at)
     if waiting and len(waiting) == len(missing):
         # Every missing member waits in a call of its own, for a rank this sync does not
         # hold (a DeviceMesh's column, made while the stalled rank's row waits for it): the
@@ -69,6 +66,11 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
         failure = ctx.watchdog.wait_for_failure(_hold_for_other_verdicts(ctx, answers, waiting, timeout))
         if failure is not None:
             return failure
+        # None came: ask again. The answers are seconds old by now, and a member may have
+        # left its call meanwhile (one still making a group, in ``new_group``, when this
+        # sync expired on a loaded machine; by the post it waited in a reduce for the rank
+        # that stalled, which the old answers left unnamed: ``pytest --full``, 2026-12-06)
+        answers, missing, where, waiting = _who_is_missing(ctx, group, at)
     if len(waiting) == len(missing):  # all inside calls: waiting on each other, none is the one
         waiting = []
     # Every rank is in the sync by now: one came after the timeout expired and before the
@@ -103,6 +105,18 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
     )
     own.record = record
     return post_and_pick(ctx, record, own)
+
+
+def _who_is_missing(ctx: Context, group: Group, at: str) -> tuple[Answers, list[int], dict[int, str], list[int]]:
+    """Ask ``group``'s members where they are: the answers, the members not at ``at``, their
+    whereabouts, and those of them that wait inside a call of their own."""
+    assert ctx.channel is not None
+    me = ctx.channel.rank
+    answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+    missing = [r for r in group.members if r != me and not answers.get(r, "").split("\n", 1)[0].endswith(at)]
+    where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
+    waiting = [r for r in missing if _in_a_call(where[r])]
+    return answers, missing, where, waiting
 
 
 def _hold_for_other_verdicts(ctx: Context, answers: Answers, waiting: list[int], timeout: float) -> float:
