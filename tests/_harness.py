@@ -115,6 +115,11 @@ def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle
         time.sleep(0.05)
         left = sorted(set(session_pids(proc.pid)) | set(tagged_pids(tag)))
     _kill(left)
+    # the job's whole output, into the test's captured stdout, which pytest shows for a
+    # failed test only: assertion messages quote a tail of it, and a flake's cause was
+    # once earlier than that tail
+    print(f"==== job {args[1:]}: exit {code}, {elapsed:.1f} s, left {left}")
+    print(f"---- its stdout\n{out}---- its stderr\n{err}---- end of job")
     return Result(code, out, err, elapsed, left)
 
 
