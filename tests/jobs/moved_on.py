@@ -60,4 +60,4 @@ def main(local_rank: int) -> None:
 
 
 if __name__ == "__main__":
-    tether.spawn("gloo", main, (), nproc_per_node=3)
+    tether.spawn("gloo", main, (), nproc_per_node=3, grace=2.0)  # the ladder ends ranks 0 and 2 sooner
