@@ -311,7 +311,7 @@ def test_spawn_of_an_unpicklable_function_raises_one_clear_error_before_any_chil
 
 @pytest.mark.timeout(120)
 def test_ranks_that_exit_without_finalize_end_cleanly_every_time() -> None:
-    rounds = 2
+    rounds = 1
     res = python("lifecycle_nofinalize.py", str(rounds), bound=100)
     assert res.returncode == 0, res.output[-4000:]
     codes = _lines(res, "EXIT")
@@ -352,8 +352,10 @@ def test_a_rank_failing_as_its_group_is_made_reaches_a_peer_already_past_the_cre
 @pytest.mark.timeout(120)
 def test_an_exit_waits_until_gloo_s_worker_gave_back_a_collective_s_tensors() -> None:
     # rank 1's worker finishes an async all_reduce while the last exit handler holds the
-    # GIL into Python's teardown: on 5000ea6's src rank 1 aborted in 2 rounds of 2 (3 of 3 by hand)
-    rounds = 2
+    # GIL into Python's teardown: on 5000ea6's src rank 1 aborted in 2 rounds of 2 (3 of 3 by hand;
+    # one round since 2026-12-06: it failed 3 of 3 with lent.settle() returning at once, by
+    # its check of the wait; that src aborted in none of 5 runs of the job by hand)
+    rounds = 1
     res = python("lifecycle_lent.py", str(rounds), bound=100)
     assert res.returncode == 0, res.output[-4000:]
     codes = sorted(_lines(res, "EXIT"))
