@@ -1,4 +1,4 @@
-"""Shared pytest set-up: the ``--full`` flag for the whole fault matrix; Ctrl-C as a terminal gives it."""
+"""Shared pytest set-up: the ``--full`` flag for the whole fault matrix; SIGINT taken, as from a terminal."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ def pytest_configure(config: pytest.Config) -> None:
     A shell starts a background command (``pytest &``, ``nohup``, a CI step run that way)
     with SIGINT ignored, and every process started from it inherits that. tether leaves an
     ignored SIGINT ignored, as Python does, so the fault rows that send a rank SIGINT saw
-    nothing happen: ``pytest --full`` started in the background failed
-    F8-sigint-waiting-spawn-4r (the job ran on and exited 0), two runs of 2 in the
-    background, none of 29 in a ``timeout`` (which takes SIGINT itself, so its command
-    starts with the default). A handler here (runs in each xdist worker too) makes every
-    job's interpreter start with Python's default, ``KeyboardInterrupt``.
+    nothing happen: F8-sigint-waiting-spawn-4r ran on and exited 0 in 2 of 2 runs started
+    in the background, and passed in 29 of 29 under ``timeout`` (which takes SIGINT itself,
+    so its command starts with the default). A handler here (set in each xdist worker too)
+    makes every job's interpreter start with Python's default, ``KeyboardInterrupt``.
     """
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
