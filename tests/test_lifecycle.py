@@ -311,7 +311,7 @@ def test_spawn_of_an_unpicklable_function_raises_one_clear_error_before_any_chil
 
 @pytest.mark.timeout(120)
 def test_ranks_that_exit_without_finalize_end_cleanly_every_time() -> None:
-    rounds = 1
+    rounds = 2
     res = python("lifecycle_nofinalize.py", str(rounds), bound=100)
     assert res.returncode == 0, res.output[-4000:]
     codes = _lines(res, "EXIT")
