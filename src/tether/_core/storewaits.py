@@ -217,10 +217,11 @@ def _why_woken(
 def _connect_soon(store: Store) -> None:
     """Open a connection of its own to ``store``, for its wakes, on a thread: the caller goes on.
 
-    Opened at the failure, under torchrun's agent store, it could find the agent no longer
-    answering: in 1 of 12 runs of F2-raise-store-initialize-4r three at a time (and in a
-    fresh clone's suite), every survivor's clone was still connecting when the ladder ended
-    it 3 s later, torchrun's SIGTERM having come 33 ms after the wake. Opened on the main
+    Opened at the failure, under torchrun's agent store: in 1 of 12 runs of
+    F2-raise-store-initialize-4r three at a time (and in a fresh clone's suite), every
+    survivor's clone was still connecting when the ladder ended it 3 s later, torchrun's
+    SIGTERM having come 33 ms after the wake (by hand, that store takes new connections
+    all through a job's stop: ``benchmarks/results/store-waits-runs.md``; why is not known). Opened on the main
     thread at the first wait, it held a rank whose first wait came after a peer's failure
     (a ``pytest --full`` run, F8-sigterm-collective-parallel-4r: the clone never returned,
     the ladder ended the rank). On a thread of its own neither waits for it; a wake that
