@@ -404,6 +404,23 @@ class Watchdog:
         """A lost connection that is no failure: this context is stopping, or its group is gone."""
         return self._stop.is_set() or self._retiring.is_set() or self._group_gone()
 
+    def _ends_thread(self, exc: Exception, what: str) -> bool:
+        """Whether an error in a store thread's loop ends the thread.
+
+        A lost connection does (the store is gone: a failure, unless the loss is quiet), and
+        so does any error once the loss is quiet; another is logged and the loop goes on.
+        Called in the ``except`` block, so that the log shows the traceback.
+        """
+        if isinstance(exc, dist.DistNetworkError):
+            self.store_closed.set()
+            if not self._quiet_loss():
+                self.store_lost(exc)
+            return True
+        if self._quiet_loss():
+            return True
+        log.exception("tether %s; going on", what)
+        return False
+
     # --- threads --------------------------------------------------------------------
 
     def _listen(self) -> None:
@@ -425,15 +442,9 @@ class Watchdog:
                     self._on_fail(client)
                 elif message.startswith("ask:"):
                     self.channel.answer(client, int(message[4:]), *self.timed_whereabouts(), *self._raw_detail())
-            except dist.DistNetworkError as exc:
-                self.store_closed.set()
-                if not self._quiet_loss():
-                    self.store_lost(exc)
-                return
-            except Exception:
-                if self._quiet_loss():
+            except Exception as exc:
+                if self._ends_thread(exc, "listener: error handling a message"):
                     return
-                log.exception("tether listener: error handling a message; going on")
                 self._stop.wait(0.1)
 
     def _keep(self) -> None:
@@ -494,15 +505,9 @@ class Watchdog:
                 if self.failure is None and self.nodes is not None and now >= next_beat:
                     next_beat = now + self.config.heartbeat
                     self.post_and_deliver(self.nodes.check(client), client)
-            except dist.DistNetworkError as exc:
-                self.store_closed.set()
-                if not self._quiet_loss():
-                    self.store_lost(exc)
-                return
-            except Exception:
-                if self._quiet_loss():
+            except Exception as exc:
+                if self._ends_thread(exc, "keeper: error in one cycle"):
                     return
-                log.exception("tether keeper: error in one cycle; going on")
                 self._stop.wait(PERIOD)
 
     def _watch_store_host(self) -> None:
