@@ -22,6 +22,7 @@ re-raises it; rank 1 reports the moment it raises (``LC fault``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -67,6 +68,11 @@ def build(rank: int) -> nn.Module:
         tether.register_comm_hook(model, hook=default_hooks.fp16_compress_hook)
         return model
     if CASE == "ctor_stall":  # the others' wait starts here, not at rank 1's stall
+        # DDP's constructor imports torch._dynamo before its first collective (torch 2.13,
+        # ``get_optimize_ddp_mode``): seconds of CPU, and no wait. Imported here, the time
+        # the test takes from the constructor is the wait's: alone, 5.4 s before and 4.0 s
+        # after; in a fresh clone's run on a slow day, 7.25 s before (gloo's wait 4 s of it)
+        importlib.import_module("torch._dynamo")
         emit("ctor", rank=rank, time=time.time())
     return tether.auto_model(net)
 
