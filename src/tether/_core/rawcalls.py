@@ -65,9 +65,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import TetherError
 from . import context, lent, making, nccl
-from .group import all_ranks
 from .hooks import Terminated
-from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, raise_behind_stop, warn_stall
+from .verdicts import OUTSIDE, failure_behind_raw, failure_behind_stop, raise_behind_stop, stall_warner
 
 RAW_MARGIN = 1.0  # seconds gloo's timeout exceeds sync_timeout: tether's own waits expire first
 
@@ -285,13 +284,9 @@ def _outside(
         watchdog.raw_members = functools.partial(_members, signature, args, kwargs)
         watchdog.raw_handling = sys.exc_info()[1]  # in a ``finally:`` too, while an exception passes
     start = time.monotonic()
-
-    def on_stall() -> None:
-        warn_stall(ctx, all_ranks(watchdog.channel.world_size), 0, call, time.monotonic() - start)
-
     try:
         # nothing to wake: for the stall report only (it raises a known failure)
-        watchdog.begin_wait(stall_at=start + ctx.settings.warn_after, on_stall=on_stall)
+        watchdog.begin_wait(stall_at=start + ctx.settings.warn_after, on_stall=stall_warner(ctx, call, start))
         return fn(*args, **kwargs)
     except RuntimeError as exc:
         if isinstance(exc, TetherError):

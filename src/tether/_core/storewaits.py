@@ -64,7 +64,7 @@ from .channel import OWN_CONNECTIONS
 from .group import all_ranks
 from .hooks import Terminated
 from .rawcalls import RAW_MARGIN
-from .verdicts import OUTSIDE, expire, failure_behind_raw, nobody_left, raise_behind_stop, warn_stall
+from .verdicts import OUTSIDE, expire, failure_behind_raw, nobody_left, raise_behind_stop, stall_warner
 from .waits import LEFT_CHECK_AFTER
 from .watchdog import EXPIRED, Watchdog
 
@@ -149,17 +149,13 @@ def _wait(
     start = time.monotonic()
     timeout = ctx.settings.timeout
     waker = _Waker(store, keys)
-
-    def on_stall() -> None:
-        warn_stall(ctx, all_ranks(watchdog.channel.world_size), 0, f"{call} {OUTSIDE}", time.monotonic() - start)
-
     watchdog.current_call = f"{call} {OUTSIDE}"
     try:
         try:
             watchdog.begin_wait(
                 deadline=None if timeout is None else start + timeout + RAW_MARGIN,
                 stall_at=start + ctx.settings.warn_after,
-                on_stall=on_stall,
+                on_stall=stall_warner(ctx, f"{call} {OUTSIDE}", start),
                 check_at=start + LEFT_CHECK_AFTER,
                 check=lambda client: nobody_left(ctx, client, call),
                 wake=waker,

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import torch.distributed as dist
@@ -257,6 +258,14 @@ def warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: fl
         if r != ctx.channel.rank:
             lines.append(f"  rank {r}: {answers.get(r, 'no answer: frozen, dead, or holding the GIL')}")
     log.warning("\n".join(lines))
+
+
+def stall_warner(ctx: Context, call: str, start: float) -> Callable[[], None]:
+    """The ``on_stall`` of a wait outside tether's calls (a raw call, a store wait), begun at
+    ``start``: its report asks every rank where it is, since such a wait names no group."""
+    assert ctx.channel is not None
+    world = ctx.channel.world_size
+    return lambda: warn_stall(ctx, all_ranks(world), 0, call, time.monotonic() - start)
 
 
 # What torch's backends say when a peer is gone or late (gloo, NCCL, the c10d store).
