@@ -25,3 +25,16 @@ def test_a_long_wait_without_timeout_logs_one_stall_report_and_completes() -> No
     assert [name for _, name in files] == ["main", "slow_preprocessing"], stack
     assert re.match(r"  \[\d+ frame\(s\) of tether, contextlib or multiprocessing not shown\]\n", stack), stack
     assert "warning" not in res.output.lower(), res.output[-3000:]  # no c10d socket warnings from the wait
+
+
+@pytest.mark.timeout(200)
+def test_waits_outside_tether_log_one_stall_report_each_and_complete() -> None:
+    # a raw collective and a wait on a store: each names itself and the rank it waits for
+    res = python("stall_report.py", "raw", bound=150)
+    assert res.returncode == 0, res.output[-3000:]
+    assert res.leftovers == []
+    assert sorted(re.findall(r"RESULT rank=(\d) passed the raw waits", res.stdout)) == ["0", "1"]
+    reports = re.findall(r"tether: rank 0 has waited \d+ s in (.*):\n  rank 1: in user code\n", res.stderr)
+    assert reports == ["dist.all_reduce (outside tether)", "store.get('ready') (outside tether)"], res.stderr[-3000:]
+    assert res.stderr.count("in slow_preprocessing") == 2, res.stderr[-3000:]  # rank 1's stack in each
+    assert "warning" not in res.output.lower(), res.output[-3000:]  # no c10d socket warnings from the waits
