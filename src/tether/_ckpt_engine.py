@@ -132,7 +132,7 @@ class _Glue:
         state.epoch, state.iteration = epoch + 1, (epoch + 1) * length
         if start._after_skip is not None:
             start._after_skip()
-        engine._fire_event(Events.EPOCH_COMPLETED)
+        engine.fire_event(Events.EPOCH_COMPLETED)
 
     def epoch_started(self, engine: Engine) -> None:
         self.ckpt._epoch_begins(engine.state.epoch - 1)
