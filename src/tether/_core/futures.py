@@ -18,6 +18,11 @@ Facts measured on torch 2.13 (gloo) that shape it:
   hook hands the reducer the very future tether fails: one Python callback per bucket
   (the backend's completion), as torch's own ``allreduce_hook``. It used to hand over
   ``parent.then(value)``, a second callback per bucket that made C++ see a real error.
+* Nor can the hook hand over the backend's own future and save that callback: the future
+  a Python hook returns must hold a Python object (a hook returning the future of
+  ``dist.all_reduce(..., async_op=True)`` stops ``backward()`` with torch's
+  ``result.isPyObject() INTERNAL ASSERT FAILED``, tried by hand on 2026-12-06). Every
+  Python hook, torch's own ``allreduce_hook`` included, completes each bucket from Python.
 * A future completed twice raises "can only be marked completed once". The backend's
   completion and tether's failure can race, so every completion goes through ``settle``,
   under one lock, first one wins.
