@@ -320,8 +320,9 @@ def per_world(
     report(args.out, title, setup, library, text)
 
 
-def pin_rank(local_rank: int) -> int:
-    """Pin every thread of this process to one core, ``local_rank``'s in turn; returns the core.
+def pin_rank(local_rank: int, cores: int | None = None) -> int:
+    """Pin every thread of this process to one core, ``local_rank``'s in turn (over the first
+    ``cores`` cores this process may use, or all of them); returns the core.
 
     Unpinned, the scheduler moves a rank's threads (the main one, gloo's, tether's) between
     the 2 cores of this machine as it likes, and two ranks' main threads sometimes share a
@@ -329,8 +330,8 @@ def pin_rank(local_rank: int) -> int:
     core per rank (round-robin past the core count) is the layout a multi-core host gives
     its ranks; every contender of a run has the same, so ratios stay fair.
     """
-    cores = sorted(os.sched_getaffinity(0))
-    core = cores[local_rank % len(cores)]
+    allowed = sorted(os.sched_getaffinity(0))[:cores]
+    core = allowed[local_rank % len(allowed)]
     for tid in os.listdir("/proc/self/task"):  # threads started at import (torch's) too
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), {core})

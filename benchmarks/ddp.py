@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/ddp.py                          # 2 and 4 ranks, ~12 minutes on 2 cores
     python benchmarks/ddp.py --ranks 2 --quick --out /tmp/ddp-trial
+    python benchmarks/ddp.py --ranks 4 --cores 1 --quick  # every rank on one core
 
 Results go to ``--out`` + ``.md`` (the table) and + ``.json`` (the raw samples), by
 default ``benchmarks/results/ddp.md`` and ``ddp.json``.
@@ -149,7 +150,9 @@ class _Contender:
         self.opt.zero_grad()
 
 
-def worker(rounds: int, quick: bool, steps: dict[str, int], blocks: dict[str, int], pin: bool) -> None:
+def worker(
+    rounds: int, quick: bool, steps: dict[str, int], blocks: dict[str, int], pin: bool, cores: int | None
+) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -160,7 +163,7 @@ def worker(rounds: int, quick: bool, steps: dict[str, int], blocks: dict[str, in
 
     torch.set_num_threads(1)
     if pin:
-        _proc.pin_rank(int(os.environ["LOCAL_RANK"]))
+        _proc.pin_rank(int(os.environ["LOCAL_RANK"]), cores)
     tether.initialize("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
@@ -277,7 +280,14 @@ def _label(model: dict[str, Any]) -> str:
 
 
 def run_world(
-    n: int, rounds: int, quick: bool, steps: dict[str, int], blocks: dict[str, int], bound: float, pin: bool
+    n: int,
+    rounds: int,
+    quick: bool,
+    steps: dict[str, int],
+    blocks: dict[str, int],
+    bound: float,
+    pin: bool,
+    cores: int | None,
 ) -> dict[str, Any]:
     import _proc
 
@@ -295,6 +305,7 @@ def run_world(
         str(blocks["large"]),
         *(["--quick"] if quick else []),
         *([] if pin else ["--no-pin"]),
+        *([] if cores is None else ["--cores", str(cores)]),
         launcher=("--monitor_interval", "0.1"),
     )
     done = _proc.run(args, bound, env={"OMP_NUM_THREADS": "1"})
@@ -409,6 +420,12 @@ def main() -> None:
         "--no-pin", dest="pin", action="store_false", help="leave each rank's threads unpinned (default: one core each)"
     )
     parser.add_argument(
+        "--cores",
+        type=int,
+        default=None,
+        help="pin the ranks round-robin over this many cores only (default: every core); 1: all ranks on one core",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=HERE / "results" / "ddp",
@@ -424,7 +441,7 @@ def main() -> None:
     if any(b < 1 or steps[name] % b for name, b in blocks.items()):
         parser.error(f"--block {args.block[0]} {args.block[1]} must divide --steps {small_steps} {large_steps}")
     if args.worker:
-        worker(rounds, args.quick, steps, blocks, args.pin)
+        worker(rounds, args.quick, steps, blocks, args.pin, args.cores)
         return
 
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
@@ -438,7 +455,7 @@ def main() -> None:
         # a hang guard, not an estimate: a large-model step took ~0.55 s at 4 ranks on 2 cores
         # (a small-model one ~1/50 of that); this allows 0.5 s per rank per step, ~4x that
         bound = 300 + 0.5 * n * (len(KEYS) * rounds * (steps["large"] + steps["small"] / 20) + 2 * WARMUP)
-        results.append(run_world(n, rounds, args.quick, steps, blocks, bound, args.pin))
+        results.append(run_world(n, rounds, args.quick, steps, blocks, bound, args.pin, args.cores))
         end = os.getloadavg()[0]
         elapsed = time.monotonic() - t0
         loads[n] = (quiet, end)
@@ -456,7 +473,9 @@ def main() -> None:
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
             "torchrun, gloo on CPU, one thread per rank"
             + (
-                ", each rank's threads pinned to one core (round-robin; `_proc.pin_rank`)."
+                ", each rank's threads pinned to one core (round-robin"
+                + ("" if args.cores is None else f" over {args.cores} core(s) only: `--cores`")
+                + "; `_proc.pin_rank`)."
                 if args.pin
                 else ", unpinned."
             ),
