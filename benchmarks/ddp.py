@@ -440,6 +440,8 @@ def main() -> None:
     blocks = {"small": args.block[0], "large": args.block[1]}
     if any(b < 1 or steps[name] % b for name, b in blocks.items()):
         parser.error(f"--block {args.block[0]} {args.block[1]} must divide --steps {small_steps} {large_steps}")
+    if args.cores is not None and args.cores < 1:
+        parser.error(f"--cores {args.cores}: at least one core")
     if args.worker:
         worker(rounds, args.quick, steps, blocks, args.pin, args.cores)
         return
