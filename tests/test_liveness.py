@@ -49,7 +49,7 @@ def test_a_rank_holding_the_gil_10_s_in_one_c_call_is_not_lost_with_default_sett
     assert res.returncode == 0, f"a healthy job must exit 0 (a busy rank was taken for lost?)\n{tail(res)}"
     assert sorted(done) == [0, 1], f"ranks that finished: {sorted(done)}\n{tail(res)}"
     # the test means something only if the C call outlasted lost_after + heartbeat (8 s)
-    assert done[1]["held"] >= 8.0, f"rank 1 held the GIL only {done[1]['held']} s; calibration failed\n{tail(res)}"
+    assert done[1]["held"] >= 8.0, f"rank 1 held the GIL only {done[1]['held']} s\n{tail(res)}"
     assert all(d["total"] == 3 for d in done.values()), f"all_reduce(rank + 1) != 3: {done}\n{tail(res)}"
     assert "lost" not in res.output.lower(), f"'lost' in the output of a healthy job\n{tail(res)}"
     assert SPAWN_REPORT not in res.stderr, tail(res)

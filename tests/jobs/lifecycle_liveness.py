@@ -2,11 +2,11 @@
 
     lifecycle_liveness.py gil
         tether.spawn, 2 ranks, default settings (heartbeat 2, lost_after 6): rank 1 holds the
-        GIL ~10 s in ONE C call (``sum(range(N))``, N calibrated here), then both ranks call
-        barrier and all_reduce. Every rank prints ``LC {"event": "done", ...}``.
+        GIL 10 s in ONE C call (``hold_gil``), then both ranks call barrier and all_reduce.
+        Every rank prints ``LC {"event": "done", ...}``.
     lifecycle_liveness.py sigstop
         tether.spawn, 3 ranks, heartbeat 0.5, lost_after 2, grace 10: rank 1 holds the GIL
-        ~5 s in one C call, rank 2 SIGSTOPs itself 1 s after rank 1 went silent, rank 0
+        8 s in one C call, rank 2 SIGSTOPs itself 1 s after rank 1 went silent, rank 0
         waits in barrier. Ranks 0 and 1 must raise PeerLost naming rank 2, never rank 1.
     torchrun --nproc_per_node 3 lifecycle_liveness.py kill DIR
         tether.initialize under torchrun, default settings: rank 1 writes its kill time to
@@ -18,6 +18,7 @@ The launcher prints ``LC {"event": "launcher", "exc": ...}`` (None when spawn re
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -28,32 +29,20 @@ from lifecycle_common import emit, launcher_failed, raised, stops_held
 
 import tether
 
+_KEEPS_THE_GIL = ctypes.PyDLL(None)  # libc, through PyDLL: its calls do not release the GIL (CDLL's do)
 
-def calibrate(seconds: float) -> int:
-    """N such that ``sum(range(N))`` takes at least about ``seconds`` on this machine.
 
-    The fastest of three samples sets N: a sample slowed by another process (the suite runs
-    two tests at a time) made N too small once, and the call held the GIL 2.5 s of 5.
+def hold_gil(seconds: float) -> float:
+    """One C call that holds the GIL for ``seconds`` of wall time: libc's ``usleep``, as a C
+    extension that blocks without releasing the GIL. Returns the seconds it held.
+
+    It used to be ``sum(range(N))`` with N calibrated in the job, whose length followed the
+    machine's load: calibrated while the machine was busier, it held 2.5 and 2.6 s of 5;
+    meant for 13 s, 7.6 (the test needs 8); with a second, rescaled call when the first fell
+    short, 7.3 (a ``--full`` run on 2026-12-06).
     """
-    n = 1_000_000
-    while True:
-        t = time.perf_counter()
-        sum(range(n))
-        dt = time.perf_counter() - t
-        if dt > 0.25:
-            break
-        n *= 4
-    for _ in range(2):
-        t = time.perf_counter()
-        sum(range(n))
-        dt = min(dt, time.perf_counter() - t)
-    return int(n * seconds / dt)
-
-
-def hold_gil(n: int) -> float:
-    """One C call that holds the GIL throughout (the sum stays below 2**63: one fast loop)."""
     t = time.perf_counter()
-    sum(range(n))
+    _KEEPS_THE_GIL.usleep(int(seconds * 1_000_000))
     return time.perf_counter() - t
 
 
@@ -63,11 +52,8 @@ def gil_body(local_rank: int) -> None:
         tether.barrier()
         held = 0.0
         if rank == 1:
-            n = calibrate(13.0)  # calibrated while the others start up: a quieter machine runs it faster
-            emit("busy", rank=rank, n=n, time=time.time())
-            held = hold_gil(n)
-            if held < 10.0:  # calibrated while the machine was busier (7.6 s in a fresh clone): again, scaled
-                held = hold_gil(int(n * 12.0 / held))
+            emit("busy", rank=rank, time=time.time())
+            held = hold_gil(10.0)
         tether.barrier()
         total = tether.all_reduce(rank + 1)
     except BaseException as exc:
@@ -81,9 +67,6 @@ def sigstop_body(local_rank: int) -> None:
     held = 0.0
     try:
         tether.barrier()
-        # the test needs > 3 s (lost_after + 1); calibrated while the machine was busier, a
-        # call meant to last 5 s held 2.6 s (CI-like run at -n 2): 8 s leaves room for that
-        n = calibrate(8.0) if rank == 1 else 0
         tether.barrier()  # rank 1 goes silent first, rank 2 freezes 1 s later
         if rank == 2:
             time.sleep(1.0)
@@ -92,7 +75,7 @@ def sigstop_body(local_rank: int) -> None:
             time.sleep(60)  # only if it is ever continued
             return
         if rank == 1:
-            held = hold_gil(n)
+            held = hold_gil(8.0)  # the test needs > 3 s (lost_after + 1)
             emit("busy", rank=rank, held=round(held, 3), time=time.time())
         tether.barrier()
     except BaseException as exc:
