@@ -20,6 +20,7 @@ import pytest
 
 import _harness
 from _faults import RESULT, Case
+from _torchrun_report import ROOT_CAUSE, blamed, root_cause
 from fault_matrix import ROWS, TORCHRUN, Row
 
 TEARDOWN_WARNING = "Python's teardown may abort"  # ending._at_exit's warning
@@ -27,7 +28,6 @@ TEARDOWN_WARNING = "Python's teardown may abort"  # ending._at_exit's warning
 SPAWN_REPORT = "tether: job failed. Root cause: "
 EVERY_RANK = "tether: job failed. Every rank raised "
 STOPPED = "tether: job stopped (SIGTERM); every rank stopped "
-TORCHRUN_REPORT = "Root Cause (first observed failure):"
 
 
 def run_row(row: Row) -> _harness.Result:
@@ -68,29 +68,22 @@ def parse(output: str, prefix: str) -> list[dict]:
     return found
 
 
-def root_block(row: Row, output: str) -> str:
-    """The printed root cause, asserted to appear exactly once."""
-    marker = TORCHRUN_REPORT if row.launcher in TORCHRUN else SPAWN_REPORT
-    assert output.count(marker) == 1, f"root cause printed {output.count(marker)} times, expected once"
-    block = output[output.index(marker) :]
+def printed_root(row: Row, output: str) -> tuple[str, int]:
+    """The root cause as printed once (spawn: tether's report line; torchrun: its Root Cause
+    entry), and the rank it names."""
     if row.launcher in TORCHRUN:
-        return block.split("=" * 20, 1)[0]
-    return block.splitlines()[0]
-
-
-def root_rank(row: Row, block: str) -> int:
-    """The rank the printed root cause names (spawn: tether's report; torchrun: its own)."""
-    if row.launcher in TORCHRUN:
-        found = re.search(r"rank (\d+) failed: ", block) or re.search(r"^\s+rank\s+: (\d+) \(", block, re.M)
-    else:
-        found = re.match(rf"{re.escape(SPAWN_REPORT)}rank (\d+) failed: ", block)
-    assert found, f"no rank in the root cause:\n{block}"
-    return int(found.group(1))
+        entry = root_cause(output)
+        return entry.text, blamed(entry)
+    assert output.count(SPAWN_REPORT) == 1, f"root cause printed {output.count(SPAWN_REPORT)} times, expected once"
+    line = output[output.index(SPAWN_REPORT) :].splitlines()[0]
+    found = re.match(rf"{re.escape(SPAWN_REPORT)}rank (\d+) failed: ", line)
+    assert found, f"no rank in the root cause:\n{line}"
+    return line, int(found.group(1))
 
 
 def check_root(row: Row, output: str) -> int | None:
     if row.root is None:
-        assert SPAWN_REPORT not in output and TORCHRUN_REPORT not in output
+        assert SPAWN_REPORT not in output and ROOT_CAUSE not in output
         return None
     rank, exc_type, fragment = row.root
     if row.failure == "term_launcher":
@@ -107,8 +100,7 @@ def check_root(row: Row, output: str) -> int | None:
         line = output[output.index(EVERY_RANK) :].splitlines()[0]
         assert line == f"{EVERY_RANK}{exc_type}: {fragment}", line
         return None
-    block = root_block(row, output)
-    named = root_rank(row, block)
+    block, named = printed_root(row, output)
     if rank is not None:
         assert named == rank, f"root cause names rank {named}, expected {rank}:\n{block}"
     if row.launcher == "spawn":

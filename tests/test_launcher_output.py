@@ -23,6 +23,7 @@ import pytest
 
 from _core import lc_events
 from _harness import Result, free_port, python, torchrun
+from _torchrun_report import blamed, other_failures, root_cause
 from tether import ExitCode
 
 BOUND = 90.0
@@ -78,18 +79,6 @@ def test_the_same_bad_argument_on_every_rank_is_reported_once_without_a_culprit(
     assert res.leftovers == []
 
 
-def torchrun_failures(err: str) -> dict[int, tuple[int, str]]:
-    """rank -> (exit code, traceback field) from torchrun's own failure summary."""
-    found = {}
-    for block in re.split(r"\n\[\d+\]:\n", err)[1:]:
-        rank = re.search(r"rank\s+: (\d+)", block)
-        code = re.search(r"exitcode\s+: (-?\d+)", block)
-        trace = re.search(r"traceback : (.*?)(?:\n-{10,}|\n={10,}|\Z)", block, re.S)
-        assert rank and code and trace, block
-        found[int(rank.group(1))] = (int(code.group(1)), trace.group(1))
-    return found
-
-
 @pytest.mark.parametrize("nproc", [pytest.param(2, marks=pytest.mark.full), 4])
 def test_a_failing_torchrun_job_shows_the_traceback_once_and_one_line_per_victim(nproc: int) -> None:
     res = torchrun("output_failure.py", "torchrun", nproc=nproc, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
@@ -107,15 +96,12 @@ def test_a_failing_torchrun_job_shows_the_traceback_once_and_one_line_per_victim
     ), err
     # two tracebacks: torchrun's own ChildFailedError, and rank 1's inside its Root Cause section
     assert err.count("Traceback (most recent call last)") == 2, err
-    root = err.split("Root Cause (first observed failure):", 1)[1]
-    assert "rank      : 1 (local_rank: 1)" in root
-    assert_users_frames_first(root)
-    failures = torchrun_failures(err)
-    assert failures[1][0] == 1
-    assert {r: c for r, (c, _) in failures.items() if r != 1} == {
-        r: int(ExitCode.PEER_FAILED) for r in range(nproc) if r != 1
-    }
-    assert all(t.startswith("PeerFailure: rank 1 failed: " + ROOT) for r, (_, t) in failures.items() if r != 1)
+    root = root_cause(err)
+    assert (root.rank, root.exitcode) == (1, 1), root.text
+    assert_users_frames_first(root.traceback)
+    others = other_failures(err)
+    assert {r: e.exitcode for r, e in others.items()} == {r: int(ExitCode.PEER_FAILED) for r in range(nproc) if r != 1}
+    assert all(e.traceback.startswith("PeerFailure: rank 1 failed: " + ROOT) for e in others.values()), err
     # the root message: once per rank's line, once per victim's summary entry, twice in the root's traceback
     assert err.count(ROOT) == nproc + (nproc - 1) + 1, err
     assert_quiet(res)
@@ -132,9 +118,10 @@ def test_a_victim_still_in_its_atexit_when_torchrun_sends_sigterm_exits_with_its
     # the SIGTERM ended the 20 s atexit: torchrun did not wait for SIGKILL (from the atexit's
     # start, not the job's: a resolver that never answers adds 10 s per store connection)
     assert ended - started < 10, ended - started
-    failures = torchrun_failures(res.stderr)
-    assert {r: c for r, (c, _) in failures.items()} == {0: int(ExitCode.PEER_FAILED), 1: 1}, res.stderr
-    assert failures[0][1].startswith("PeerFailure: rank 1 failed: " + ROOT), res.stderr
+    root, others = root_cause(res.stderr), other_failures(res.stderr)
+    assert (root.rank, root.exitcode) == (1, 1) and list(others) == [0], res.stderr
+    assert others[0].exitcode == int(ExitCode.PEER_FAILED), res.stderr
+    assert others[0].traceback.startswith("PeerFailure: rank 1 failed: " + ROOT), res.stderr
     assert "[rank 0] stopped: PeerFailure: rank 1 failed: " + ROOT in res.stderr
     assert res.leftovers == []
 
@@ -158,9 +145,10 @@ def test_survivors_of_a_rank_killed_in_a_collective_end_at_once_under_torchrun_w
     lost = "PeerLost: rank 0 failed: Lost: its process ended without a word"
     for rank in (1, 2, 3):
         assert f"[rank {rank}] stopped: {lost}" in res.stderr, res.output[-3000:]
-    failures = torchrun_failures(res.stderr)
-    assert failures[0][0] == -9, res.stderr  # the root cause: rank 0, SIGKILL
-    assert {r: c for r, (c, _) in failures.items() if r != 0} == {r: int(ExitCode.PEER_FAILED) for r in (1, 2, 3)}
+    # rank 0, killed, is the root cause, or the victim torchrun saw first names it
+    root, others = root_cause(res.stderr), other_failures(res.stderr)
+    codes = {root.rank: root.exitcode} | {r: e.exitcode for r, e in others.items()}
+    assert blamed(root) == 0 and codes == {0: -9, **dict.fromkeys((1, 2, 3), int(ExitCode.PEER_FAILED))}, res.stderr
     assert started, f"no survivor ran its exit functions (all stopped by torchrun's SIGTERM?)\n{res.output[-3000:]}"
     # in tether's exit function: 2 s before the fix (or until torchrun's SIGTERM ended it there), ms now
     took = {r: said.get(("EXITING", r), float("inf")) - t for r, t in started.items()}
@@ -175,12 +163,12 @@ def test_a_stop_that_lands_in_finalize_after_a_failure_ends_the_rank_with_the_fa
     env = {"OMP_NUM_THREADS": "1", "STOP_AT": where}
     res = torchrun("output_stop_in_finalize.py", nproc=2, bound=BOUND, env=env)
     assert res.returncode == 1, res.output[-3000:]  # torchrun's code for a failed job
-    failures = torchrun_failures(res.stderr)
-    assert failures[1][0] == 1 and ROOT in failures[1][1], res.stderr  # the root cause, rank 1
+    root, others = root_cause(res.stderr), other_failures(res.stderr)
+    assert (root.rank, root.exitcode) == (1, 1) and ROOT in root.traceback, res.stderr
     # rank 0: the peer's failure, with its code (before: -15 both ways here; 143 through
     # Python's teardown in the fault matrix, where the handler's Terminated cut the retire short)
-    assert failures[0][0] == int(ExitCode.PEER_FAILED), res.stderr
-    assert failures[0][1].startswith("PeerFailure: rank 1 failed: " + ROOT), res.stderr
+    assert list(others) == [0] and others[0].exitcode == int(ExitCode.PEER_FAILED), res.stderr
+    assert others[0].traceback.startswith("PeerFailure: rank 1 failed: " + ROOT), res.stderr
     said = [line for line in res.stderr.splitlines() if line.startswith("[rank 0] stopped: ")]
     assert len(said) == 1 and said[0].startswith("[rank 0] stopped: PeerFailure: rank 1 failed: " + ROOT), res.stderr
     assert "teardown may abort" not in res.stderr, res.stderr[-3000:]
@@ -194,11 +182,11 @@ def test_a_rank_still_in_initialize_when_its_peer_fails_ends_with_the_peers_fail
     res = torchrun("output_stop_in_start.py", nproc=2, bound=BOUND, env=env)
     assert time.monotonic() - start < BOUND
     assert res.returncode == 1, res.output[-3000:]  # torchrun's code for a failed job
-    failures = torchrun_failures(res.stderr)
-    assert failures[1][0] == 1 and ROOT in failures[1][1], res.stderr  # the root cause, rank 1
+    root, others = root_cause(res.stderr), other_failures(res.stderr)
+    assert (root.rank, root.exitcode) == (1, 1) and ROOT in root.traceback, res.stderr
     # rank 0: the peer's failure, with its code (before: -15 without a word when torchrun's
     # SIGTERM came first, else Python's traceback of the PeerFailure and exit code 1)
-    assert failures[0][0] == int(ExitCode.PEER_FAILED), res.stderr
+    assert list(others) == [0] and others[0].exitcode == int(ExitCode.PEER_FAILED), res.stderr
     said = [line for line in res.stderr.splitlines() if line.startswith("[rank 0] ")]
     assert len(said) == 1 and said[0].startswith("[rank 0] stopped: PeerFailure: rank 1 failed: " + ROOT), res.stderr
     assert "tether.PeerFailure" not in res.stderr, res.stderr[-3000:]  # no traceback of it

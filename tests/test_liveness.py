@@ -23,10 +23,10 @@ import pytest
 from _core import lc_events as events
 from _core import tail
 from _harness import Result, python, torchrun
+from _torchrun_report import blamed, root_cause
 
 BOUND = 120.0
 SPAWN_REPORT = "tether: job failed. Root cause: "
-TORCHRUN_REPORT = "Root Cause (first observed failure):"
 
 
 def by_rank(res: Result, event: str) -> dict[int, dict[str, Any]]:
@@ -85,15 +85,6 @@ def test_a_sigstopped_rank_is_found_within_lost_after_while_another_rank_is_busy
     assert res.leftovers == [], f"processes left (frozen rank 2 was pid {stop['pid']}): {res.leftovers}\n{tail(res)}"
 
 
-def torchrun_root_rank(output: str) -> int | None:
-    """The rank torchrun's "Root Cause" block blames (its own line, or the story a victim wrote)."""
-    if output.count(TORCHRUN_REPORT) != 1:
-        return None
-    block = output[output.index(TORCHRUN_REPORT) :].split("=" * 20, 1)[0]
-    found = re.search(r"rank (\d+) failed: ", block) or re.search(r"^\s+rank\s+: (\d+) \(", block, re.M)
-    return int(found.group(1)) if found else None
-
-
 @pytest.mark.timeout(180)
 def test_under_torchrun_a_sigkilled_rank_is_found_within_1_s(tmp_path: Any) -> None:
     res = torchrun("lifecycle_liveness.py", "kill", str(tmp_path), nproc=3, bound=BOUND)
@@ -108,7 +99,7 @@ def test_under_torchrun_a_sigkilled_rank_is_found_within_1_s(tmp_path: Any) -> N
     assert all(
         v is not None and v < 1.0 for v in latency.values()
     ), f"seconds from the SIGKILL to each survivor's exception: {latency} (bound 1.0)\n{tail(res)}"
-    root = torchrun_root_rank(res.output)
+    root = blamed(root_cause(res.stderr))
     assert root == 1, f"torchrun's root cause names rank {root}, expected the killed rank 1\n{tail(res)}"
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
 

@@ -13,6 +13,7 @@ import pytest
 
 from _core import lc_events
 from _harness import python, torchrun
+from _torchrun_report import root_cause
 from tether import ExitCode, spawn
 
 BOUND = 60.0
@@ -71,5 +72,5 @@ def test_a_raw_collective_in_a_failed_ranks_finally_is_a_mismatch_not_a_wait_for
         e = out[rank, "finally"]
         assert e["exc"] == "SyncMismatch" and crossed in str(e["msg"]), e
         assert "rank 0: all_reduce(SUM, float64[]) #11" in str(e["msg"]), e
-    assert crossed in res.stderr.split("Root Cause (first observed failure):", 1)[-1], res.stderr[-3000:]
+    assert crossed in root_cause(res.stderr).traceback, res.stderr[-3000:]
     assert res.leftovers == []

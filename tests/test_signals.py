@@ -27,24 +27,16 @@ import pytest
 from _core import lc_events as events
 from _core import tail
 from _harness import Result, python, torchrun
+from _torchrun_report import blamed, other_failures, root_cause
 
 BOUND = 90.0
 LATENCY = 0.5
 SPAWN_REPORT = "tether: job failed. Root cause: "
-TORCHRUN_REPORT = "Root Cause (first observed failure):"
 full = pytest.mark.full
 
 
 def names_signal(text: str, signame: str) -> bool:
     return signame in text or (signame == "SIGINT" and "KeyboardInterrupt" in text)
-
-
-def torchrun_root_rank(output: str) -> int | None:
-    if output.count(TORCHRUN_REPORT) != 1:
-        return None
-    block = output[output.index(TORCHRUN_REPORT) :].split("=" * 20, 1)[0]
-    found = re.search(r"rank (\d+) failed: ", block) or re.search(r"^\s+rank\s+: (\d+) \(", block, re.M)
-    return int(found.group(1)) if found else None
 
 
 def run_job(launcher: str, signame: str, out: Path) -> Result:
@@ -97,7 +89,7 @@ def test_a_signal_to_a_rank_waiting_in_barrier_is_honoured_within_half_a_second(
         lead = events(res, "launcher")
         assert lead and lead[0]["exc"] == "JobFailed" and lead[0]["root_rank"] == 0, lead
     elif launcher == "torchrun":
-        root = torchrun_root_rank(res.output)
+        root = blamed(root_cause(res.stderr))
         assert root == 0, f"torchrun's root cause names rank {root}, expected 0\n{tail(res)}"
         if signame == "SIGINT":  # one line, no traceback, and no word of a report torchrun may not print
             assert "[rank 0] interrupted: KeyboardInterrupt" in res.stderr, tail(res)
@@ -117,13 +109,11 @@ def test_a_launchers_stop_during_a_victims_post_leaves_its_error_file_and_exit_c
     victim = {e["rank"]: e for e in events(res, "raised")}.get(0)
     assert victim is not None, tail(res)
     assert (victim["exc"], victim["failing"], victim["orig_msg"]) == ("PeerFailure", 1, "boom from rank 1"), victim
-    root = res.stderr.split("Root Cause (first observed failure):", 1)[1]
-    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root), root
-    assert "RuntimeError: boom from rank 1" in root, root
+    root, others = root_cause(res.stderr), other_failures(res.stderr)
+    assert root.rank == 1 and "RuntimeError: boom from rank 1" in root.traceback, root.text
     # rank 0 ended with its failure's code and its own error file, not as the stop's 143
-    failures = res.stderr.split("Failures:", 1)[1].split("Root Cause", 1)[0]
-    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\s+exitcode\s+: 3 ", failures), failures
-    assert "PeerFailure: rank 1 failed: RuntimeError: boom from rank 1" in failures, failures
+    assert list(others) == [0] and others[0].exitcode == 3, res.stderr
+    assert others[0].traceback.startswith("PeerFailure: rank 1 failed: RuntimeError: boom from rank 1"), others
     # and its one line, as every victim says (it ended in the post, before the excepthook)
     said = [line for line in res.stderr.splitlines() if line.startswith("[rank 0] stopped: ")]
     assert len(said) == 1, tail(res)
@@ -141,14 +131,12 @@ def test_a_launchers_stop_in_user_code_ends_the_rank_with_the_peers_failure_not_
     # rank 0 was stopped in its own code: Terminated (a SystemExit), not a tether error
     victim = {e["rank"]: e for e in events(res, "raised")}.get(0)
     assert victim is not None and victim["exc"] == "Terminated", tail(res)
-    root = res.stderr.split(TORCHRUN_REPORT, 1)[1]
-    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root), root
-    assert "RuntimeError: boom from rank 1" in root, root
+    root, others = root_cause(res.stderr), other_failures(res.stderr)
+    assert root.rank == 1 and "RuntimeError: boom from rank 1" in root.traceback, root.text
     # it ended with the code of the failure behind the stop, its error file says that
     # failure, and it did not abort in Python's teardown (SIGABRT, exit -6)
-    failures = res.stderr.split("Failures:", 1)[1].split("Root Cause", 1)[0]
-    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\s+exitcode\s+: 3 ", failures), failures
-    assert "PeerFailure: rank 1 failed: RuntimeError: boom from rank 1" in failures, failures
+    assert list(others) == [0] and others[0].exitcode == 3, res.stderr
+    assert others[0].traceback.startswith("PeerFailure: rank 1 failed: RuntimeError: boom from rank 1"), others
     assert "terminate called" not in res.stderr, tail(res)
     assert res.leftovers == [], tail(res)
 
