@@ -14,6 +14,7 @@ import fcntl
 import functools
 import importlib.util
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -78,6 +79,23 @@ def tagged_pids(tag: str) -> list[int]:
     return found
 
 
+def _dump_stacks(tag: str, wait: float = 3.0) -> None:
+    """Have every process of the job print its threads' Python stacks to its stderr, and end.
+
+    Jobs run with ``PYTHONFAULTHANDLER=1``: on SIGABRT, faulthandler writes every thread's
+    stack, then the process aborts. Used on a job that ran past its bound, so a hang's
+    test output says where each process waited (a --full run's job once hung with no line
+    of output at all). Core dumps are turned off first: no core file in the checkout.
+    """
+    for pid in tagged_pids(tag):
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to limit
+            resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+            os.kill(pid, signal.SIGABRT)
+    deadline = time.monotonic() + wait
+    while tagged_pids(tag) and time.monotonic() < deadline:  # a stopped process stays: killed below
+        time.sleep(0.05)
+
+
 def _kill(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -103,6 +121,7 @@ def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle
         out, err = proc.communicate(timeout=bound)
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
+        _dump_stacks(tag)
         _kill(tagged_pids(tag))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
