@@ -248,7 +248,8 @@ def test_a_preemption_saves_the_last_step_and_the_next_job_resumes_exactly(
         reference = request.getfixturevalue("reference_with_workers")  # made only where used
     stopped = _resume_job(tmp_path, launcher, "--stop-at", "7", *(["--stop-group"] if loader else []), *loader)
     out = stopped.output
-    assert stopped.returncode is not None and stopped.elapsed < 30, out[-4000:]  # the ranks sleep 60 s
+    # after the stop the ranks sleep 60 s: a stop not honoured lasts longer than this bound
+    assert stopped.returncode is not None and stopped.elapsed < 60, out[-4000:]
     assert re.findall(r"^tether: rank (\d) saved an emergency checkpoint of step (\d+) to ", out, re.M) == [
         ("0", "7")
     ], out[-4000:]
