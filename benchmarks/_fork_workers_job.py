@@ -7,9 +7,11 @@
 its future, as a wait of tether's is when the collective outlasts its first 5 ms.
 """
 
+import functools
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -35,20 +37,29 @@ def reduce_raw(callback: bool) -> None:
     t.item()
 
 
-if __name__ == "__main__":
-    rounds, how = int(sys.argv[1]), sys.argv[2]
+def reducer(how: str) -> Callable[[], object]:
+    """Join the job's group; the all-reduce each round makes."""
     if how == "tether":
         import tether
 
         tether.initialize("gloo")
-        reduce = lambda: tether.all_reduce(1)  # noqa: E731
-    else:
-        dist.init_process_group("gloo")
-        reduce = lambda: reduce_raw(how == "raw-callback")  # noqa: E731
+        return functools.partial(tether.all_reduce, 1)
+    dist.init_process_group("gloo")
+    return functools.partial(reduce_raw, how == "raw-callback")
+
+
+if __name__ == "__main__":
+    rounds, how = int(sys.argv[1]), sys.argv[2]
+    reduce = reducer(how)
     start = time.monotonic()
     for _ in range(rounds):
         for _batch in DataLoader(Noise(), batch_size=4, num_workers=2):
             pass
         reduce()
     print(f"DONE rank {dist.get_rank()} {rounds} rounds in {time.monotonic() - start:.1f} s", flush=True)
-    dist.destroy_process_group()
+    if how == "tether":
+        import tether
+
+        tether.finalize()
+    else:
+        dist.destroy_process_group()

@@ -26,6 +26,7 @@ failure ends: no rank failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -74,26 +75,31 @@ def state_of(pid: int) -> str:
     return text
 
 
-def batch(args: argparse.Namespace) -> list[tuple[str, float | None, str]]:
-    """Start ``args.jobs`` jobs; (tag, seconds or None if hung, what the hung ones waited on)."""
+def batch(args: argparse.Namespace) -> list[tuple[str, float | None, int | None, str]]:
+    """Start ``args.jobs`` jobs; (tag, seconds or None if hung, exit code, what a hung one waited on)."""
     jobs = []
     for _ in range(args.jobs):
         tag = uuid.uuid4().hex
         env = {**os.environ, "FORK_WORKERS_JOB": tag, "OMP_NUM_THREADS": "1"}
         cmd = _proc.torchrun(2, JOB, str(args.rounds), args.how, launcher=("--monitor_interval", "0.1"))
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        quiet = subprocess.DEVNULL  # the job prints nothing this counts
+        proc = subprocess.Popen(cmd, env=env, stdout=quiet, stderr=quiet, start_new_session=True)
         jobs.append((tag, proc, time.monotonic()))
+    ended: dict[str, float] = {}
+    deadline = time.monotonic() + args.bound
+    while len(ended) < len(jobs) and time.monotonic() < deadline:
+        for tag, proc, start in jobs:
+            if tag not in ended and proc.poll() is not None:
+                ended[tag] = time.monotonic() - start
+        time.sleep(0.2)
     results = []
-    for tag, proc, start in jobs:
-        try:
-            proc.communicate(timeout=max(1.0, start + args.bound - time.monotonic()))
-            results.append((tag, time.monotonic() - start, ""))
-        except subprocess.TimeoutExpired:
-            states = "\n".join(state_of(pid) for pid in tagged(tag))
-            results.append((tag, None, states))
+    for tag, proc, _ in jobs:
+        states = "" if tag in ended else "\n".join(state_of(pid) for pid in tagged(tag))
+        results.append((tag, ended.get(tag), proc.poll(), states))
         for pid in tagged(tag):
-            os.kill(pid, signal.SIGKILL)
-        proc.communicate()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
     return results
 
 
@@ -105,17 +111,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--bound", type=float, default=240.0, help="seconds before a job counts as hung")
     args = parser.parse_args()
-    hung = ended = 0
+    hung = ended = failed = 0
     for b in range(args.batches):
-        for tag, took, states in batch(args):
+        for tag, took, code, states in batch(args):
             if took is None:
                 hung += 1
                 print(f"batch {b}: job {tag[:8]} HUNG past {args.bound:g} s; its processes:\n{states}", flush=True)
             else:
                 ended += 1
-                print(f"batch {b}: job {tag[:8]} ended in {took:.1f} s", flush=True)
+                failed += code != 0
+                print(f"batch {b}: job {tag[:8]} ended in {took:.1f} s, exit {code}", flush=True)
     print(
-        f"{args.how}: {ended} of {ended + hung} jobs ended, {hung} hung "
+        f"{args.how}: {ended} of {ended + hung} jobs ended ({failed} with an error), {hung} hung "
         f"({args.jobs} at a time, {args.rounds} rounds each, Python {sys.version.split()[0]})"
     )
 
