@@ -62,6 +62,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ._core.context import Context
 from ._core.runtime import current
+from ._core.threadstates import keep_thread_state
 from ._core.verdicts import OUTSIDE, expire
 from ._grad_views import ResultBuffers
 from .collectives import allreduce_options
@@ -158,6 +159,7 @@ def _guard(
     failables = watchdog.failables
 
     def settle(done: torch.futures.Future[Any]) -> None:
+        keep_thread_state()  # on gloo's thread: threadstates.py
         try:
             value = done.value()
         except Exception as exc:  # the backend's error: backward() explains it
@@ -187,6 +189,7 @@ _SUM = allreduce_options("SUM")  # an asynchronous sum: DDP's bucket, straight t
 
 
 def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+    keep_thread_state()  # on gloo's thread: threadstates.py
     return fut.value()[0]
 
 

@@ -26,11 +26,15 @@ deletes them while this rank goes on: ``janitor.py``).
 **Collectives** are issued with ``async_op=True`` and waited on with a ``threading.Event``
 that both the work's completion callback and the watchdog can set, so a failure posted
 anywhere wakes the caller within milliseconds (``benchmarks/results/faults.md``); gloo
-cannot be woken any other way. On NCCL, whose futures complete when the kernel is
-enqueued, the wait polls ``work.is_completed()`` instead, in short slices on an event only
-the watchdog sets (``_wait_polled``; ``docs/nccl.md``). A collective still waiting after ``check_after`` seconds
-adds its signature to the same gate counter, so a rank in a different sync is found (the
-slow path; free when fast), and takes it back once done: the last to leave deletes it.
+cannot be woken any other way. The callback runs on gloo's thread, which it first makes
+keep its Python thread state, and until every gloo thread has, each collective carries one
+more callback that does only that (``threadstates.py``: else a fork can hang its child).
+On NCCL, whose futures complete when the kernel is enqueued, the wait polls
+``work.is_completed()`` instead, in short slices on an event only the watchdog sets
+(``_wait_polled``; ``docs/nccl.md``). A collective still waiting after ``check_after``
+seconds adds its signature to the same gate counter, so a rank in a different sync is
+found (the slow path; free when fast), and takes it back once done: the last to leave
+deletes it.
 
 **Threads**: syncs run on the main thread only (``check_thread``).
 
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import threading
 import time
@@ -60,6 +65,7 @@ from .crossed import CrossedWaits
 from .group import Group, tag
 from .hooks import Terminated
 from .record import error_from_record
+from .threadstates import KEEPER, keep_thread_state
 from .verdicts import (
     expire,
     explain_backend_error,
@@ -316,6 +322,8 @@ def run_work(
     if polled is None:
         polled = ctx.backend.completes_at_enqueue
     work = None if polled else _issue(ctx, issue, group)
+    if work is not None and KEEPER.wanted():  # a gloo thread has not kept its state yet: threadstates.py
+        work.get_future().add_done_callback(KEEPER.on_done)
     seq = ctx.next_seq(group.key)
     with in_call(ctx, f"{signature} {tag(group, seq)}"):
         if work is None:
@@ -328,7 +336,7 @@ def run_work(
                 return  # the timed wait returned without raising: nothing more to ask the work
             if state == _PENDING:
                 done = threading.Event()
-                work.get_future().add_done_callback(lambda _: done.set())
+                work.get_future().add_done_callback(functools.partial(_woken, done))
                 _wait_event(ctx, done, group, seq, signature, timeout)
         try:
             _wait_on(work)  # after completion: raises the work's error, if any (NCCL: orders the current stream)
@@ -336,6 +344,13 @@ def run_work(
             if isinstance(exc, TetherError):
                 raise
             raise ctx.watchdog.taken(explain_backend_error(ctx, group, exc)) from exc
+
+
+def _woken(done: threading.Event, _: object) -> None:
+    """A work's completion callback, on gloo's thread: keep that thread's Python state first
+    (``threadstates.py``: a fork while it makes one hangs the child), then wake the wait."""
+    keep_thread_state()
+    done.set()
 
 
 def _issue(ctx: Context, issue: Callable[[], Any], group: Group) -> Any:
