@@ -22,6 +22,7 @@ from .channel import Channel
 from .futures import FINISHED_KEY
 from .group import Group
 from .record import FailureRecord, error_from_record, record_from_exception
+from .threadstates import Keeper
 from .watchdog import Watchdog
 
 
@@ -77,6 +78,7 @@ class Context:
     # a Checkpointer's emergency save, for a failure that came between its steps
     on_failure: list[Callable[[BaseException], None]] = dataclasses.field(default_factory=list)
     wrote_own_error: bool = False  # tether wrote the error file for this rank's own failure, or for its blame
+    keeper: Keeper = dataclasses.field(default_factory=Keeper)  # gloo threads' Python states (threadstates.py)
 
     def next_seq(self, group: str) -> int:
         """The number of this process's next sync on ``group`` (same on every member)."""

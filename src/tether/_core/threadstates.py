@@ -24,25 +24,27 @@ still makes one, but for tether's callbacks the main thread is then waiting for 
 forking. That left the gloo threads that had not yet run one of tether's callbacks: with
 only those kept, a stuck worker's inherited states still began with one being made, for
 the other gloo thread of its rank (``fork-workers.md``), entering Python for torch (to let
-go of a tensor whose Python object died first, say). So ``Keeper`` also hands every
-collective of tether's a callback that does nothing but keep its thread's state, until
-every gloo thread of the process (``pt_gloo_runloop``, ``/proc/self/task``) has kept one;
-it looks again every 2 s for threads of groups made since.
+go of a tensor whose Python object died first, say). So ``Keeper`` also hands a group's
+collectives a callback that does nothing but keep its thread's state, until as many gloo
+threads as the group has (gloo's ``_threads`` option, 2 by default) have run one, or for
+at most its first ``CARRY_AT_MOST`` collectives: the measured cost of a callback on a
+collective is a GIL hand-off per call, which a group whose works all land on one thread
+must not pay for ever.
 
 Cost: one state (a few KiB) per such thread, kept until the process ends, including after
-its group is destroyed; a callback on each of the first collectives of a new group (until
-each of its threads completed one), and a look at ``/proc/self/task`` at most every 2 s;
-nothing on the CPython releases that have the fix, where none of it is done.
+its group is destroyed; a callback on a group's first collectives (3 to 6 per rank in the
+tests' jobs); nothing on the CPython releases that have the fix, where none of it is done.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
-import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 # the first release of each line whose child re-makes the lock before it takes it
 _FIXED_IN = {(3, 10): 15, (3, 11): 10}
@@ -63,62 +65,57 @@ def keep_thread_state() -> None:
 
     ctypes.pythonapi.PyGILState_Ensure()  # never released: the state outlives this callback
     _kept.held = True
-    me = _identity(threading.get_native_id())
-    if me is not None:
-        KEEPER.kept.add(me)
 
 
-LOOK_EVERY = 2.0  # seconds between looks for gloo threads that have not kept a state
-_RUNLOOP = "pt_gloo_runloop"  # what torch names gloo's threads that complete its works
+CARRY_AT_MOST = 100  # collectives of one group that may carry ``Keeper``'s callback
+_GLOO_THREADS = 2  # gloo's default ``_threads``, where a group's cannot be read
 
 
 class Keeper:
-    """Makes sure every gloo thread of this process keeps its Python thread state (see above)."""
+    """Until every gloo thread of a group kept its Python thread state (see above): one per
+    context, which the groups it knows by key outlive no longer than it does."""
 
     def __init__(self) -> None:
-        self.kept: set[tuple[int, str]] = set()  # (thread id, start time): an id can be reused
-        self._runloops: dict[str, tuple[int, str] | None] = {}  # each thread seen: its identity if gloo's
-        self._pending = NEEDED
-        self._next_look = 0.0
+        self._groups: dict[str, _Watch] = {}
 
-    def wanted(self) -> bool:
-        """Should the next collective carry ``on_done``? On the main thread, per collective."""
+    def callback(self, key: str, pg: Any) -> Callable[[Any], None] | None:
+        """The callback the next collective on group ``key`` (``pg``: its ProcessGroup) should
+        carry, or None. On the main thread, per collective."""
         if not NEEDED:
-            return False
-        now = time.monotonic()
-        if now >= self._next_look:
-            self._next_look = now + LOOK_EVERY
-            self._pending = bool(self._look() - self.kept)
-        return self._pending
+            return None
+        watch = self._groups.get(key)
+        if watch is None:
+            watch = self._groups[key] = _Watch(_threads_of(pg))
+        if watch.done:
+            return None
+        watch.carried += 1
+        if watch.carried > CARRY_AT_MOST:
+            watch.done = True
+            return None
+        return watch.on_done
+
+
+class _Watch:
+    """One group's gloo threads seen to keep their states."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.seen: set[int] = set()
+        self.carried = 0
+        self.done = False
 
     def on_done(self, _: Any) -> None:
         """A work's completion callback: keep the state of the thread running it."""
         keep_thread_state()
-
-    def _look(self) -> set[tuple[int, str]]:
-        """gloo's threads in this process now (none where ``/proc`` is not); a thread's name and
-        start are read once."""
-        try:
-            tids = set(os.listdir("/proc/self/task"))
-        except OSError:
-            return set()
-        for gone in self._runloops.keys() - tids:
-            del self._runloops[gone]
-        for tid in tids - self._runloops.keys():
-            try:
-                ours = Path(f"/proc/self/task/{tid}/comm").read_text().strip() == _RUNLOOP
-            except OSError:
-                ours = False
-            self._runloops[tid] = _identity(int(tid)) if ours else None
-        return {me for me in self._runloops.values() if me is not None}
+        if threading.current_thread() is not threading.main_thread():  # the main thread: done at once
+            self.seen.add(threading.get_native_id())
+            self.done = len(self.seen) >= self.threads
 
 
-def _identity(tid: int) -> tuple[int, str] | None:
+def _threads_of(pg: Any) -> int:
+    """How many threads gloo runs for ``pg`` (None: the default group)."""
     try:
-        stat = Path(f"/proc/self/task/{tid}/stat").read_text()
-    except OSError:
-        return None
-    return tid, stat.rsplit(")", 1)[1].split()[19]  # field 22: the thread's start time
-
-
-KEEPER = Keeper()
+        pg = pg if pg is not None else dist.distributed_c10d._get_default_group()
+        return int(pg._get_backend(torch.device("cpu")).options._threads)
+    except Exception:  # not gloo, or a torch that names it otherwise
+        return _GLOO_THREADS

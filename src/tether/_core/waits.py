@@ -27,14 +27,14 @@ deletes them while this rank goes on: ``janitor.py``).
 that both the work's completion callback and the watchdog can set, so a failure posted
 anywhere wakes the caller within milliseconds (``benchmarks/results/faults.md``); gloo
 cannot be woken any other way. The callback runs on gloo's thread, which it first makes
-keep its Python thread state, and until every gloo thread has, each collective carries one
-more callback that does only that (``threadstates.py``: else a fork can hang its child).
-On NCCL, whose futures complete when the kernel is enqueued, the wait polls
-``work.is_completed()`` instead, in short slices on an event only the watchdog sets
-(``_wait_polled``; ``docs/nccl.md``). A collective still waiting after ``check_after``
-seconds adds its signature to the same gate counter, so a rank in a different sync is
-found (the slow path; free when fast), and takes it back once done: the last to leave
-deletes it.
+keep its Python thread state, and until every gloo thread of the group has (at most its
+first 100), each collective carries one more callback that does only that
+(``threadstates.py``: else a fork can hang its child). On NCCL, whose futures complete
+when the kernel is enqueued, the wait polls ``work.is_completed()`` instead, in short
+slices on an event only the watchdog sets (``_wait_polled``; ``docs/nccl.md``). A
+collective still waiting after ``check_after`` seconds adds its signature to the same gate
+counter, so a rank in a different sync is found (the slow path; free when fast), and takes
+it back once done: the last to leave deletes it.
 
 **Threads**: syncs run on the main thread only (``check_thread``).
 
@@ -65,7 +65,7 @@ from .crossed import CrossedWaits
 from .group import Group, tag
 from .hooks import Terminated
 from .record import error_from_record
-from .threadstates import KEEPER, keep_thread_state
+from .threadstates import keep_thread_state
 from .verdicts import (
     expire,
     explain_backend_error,
@@ -322,8 +322,8 @@ def run_work(
     if polled is None:
         polled = ctx.backend.completes_at_enqueue
     work = None if polled else _issue(ctx, issue, group)
-    if work is not None and KEEPER.wanted():  # a gloo thread has not kept its state yet: threadstates.py
-        work.get_future().add_done_callback(KEEPER.on_done)
+    if work is not None and (keep := ctx.keeper.callback(group.key, group.pg)) is not None:
+        work.get_future().add_done_callback(keep)  # a gloo thread has not kept its state: threadstates.py
     seq = ctx.next_seq(group.key)
     with in_call(ctx, f"{signature} {tag(group, seq)}"):
         if work is None:
