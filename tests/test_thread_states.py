@@ -1,4 +1,4 @@
-"""gloo's threads that run tether's callbacks keep their Python thread states (``_core/threadstates.py``).
+"""Every gloo thread keeps its Python thread state once it ran a callback of tether's (``_core/threadstates.py``).
 
 Real processes: ``tether.spawn``, 2 ranks on gloo (``jobs/kept_thread_states.py``). A state
 made and deleted per callback takes CPython's runtime lock without the GIL each time, and a

@@ -1,4 +1,4 @@
-"""gloo's threads that ran tether's callbacks keep their Python thread states.
+"""Every gloo thread keeps its Python thread state once it ran a callback of tether's.
 
     python kept_thread_states.py
 
@@ -13,7 +13,7 @@ own threads have frames), then:
    until every gloo thread of the rank has kept its state.
 
 Each rank reports the count after each (``LC states``), the number of gloo's threads and
-the job's result. Before ``_core/threadstates.py`` each count stayed where it started:
+the results. Before ``_core/threadstates.py`` each count stayed where it started:
 pybind11 deleted the state as the callback ended, and made it again on the next entry,
 taking CPython's runtime lock without the GIL (a fork then could hang its child).
 """
