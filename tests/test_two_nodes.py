@@ -91,6 +91,35 @@ def test_happy_path_across_two_nodes(launcher: str) -> None:
     assert_nothing_left(result, evs)
 
 
+def test_ranks_of_another_pid_namespace_under_the_same_host_name_are_not_judged_from_proc() -> None:
+    # node 1 in a pid namespace of its own, as containers sharing their machine's name (a
+    # Kubernetes pod with hostNetwork) are. Each torchrun rank judges its host's other ranks
+    # from /proc: by host name alone, node 1's ranks read node 0's pids in their /proc, found
+    # none, and posted healthy ranks lost (PeerLost, rank 0 "ended without a word")
+    result = _harness.python(
+        "two_nodes_driver.py",
+        "torchrun",
+        "linger",
+        "--unshare-node",
+        "1",
+        "--bound",
+        str(JOB_BOUND - 20),
+        bound=JOB_BOUND,
+    )
+    evs = events(result)
+    for e in of(evs, "no_unshare"):
+        pytest.skip(f"no pid namespaces here: unshare said {e['why']!r}")
+    assert len(of(evs, "joined")) == 4, result.output[-4000:]
+    assert result.returncode == 0, result.output[-4000:]
+    assert sorted(e["rank"] for e in of(evs, "happy")) == [0, 1, 2, 3], result.output[-4000:]
+    assert sorted(e["rank"] for e in of(evs, "done")) == [0, 1, 2, 3]
+    assert "lost" not in result.output.lower(), result.output[-4000:]
+    # node 1's ranks told their own namespace's pids; the kernel ended that namespace with
+    # its launcher, which the driver waited for: check node 0's ranks and both launchers
+    node0 = [e for e in evs if e["event"] != "joined" or e["node"] == 0]
+    assert_nothing_left(result, node0)
+
+
 @pytest.mark.parametrize("launcher", ["spawn", pytest.param("torchrun", marks=pytest.mark.full)])
 def test_one_rank_first_local_waits_per_node(launcher: str) -> None:
     result, evs = run(launcher, "local_first")

@@ -12,6 +12,10 @@
         tether.initialize under torchrun, default settings: rank 1 writes its kill time to
         DIR/killed and SIGKILLs itself while ranks 0 and 2 wait in barrier; they print the
         latency of their exception after the kill.
+    torchrun --nproc_per_node 2 lifecycle_liveness.py sigterm
+        tether.initialize under torchrun, default settings: rank 1 holds the GIL 4 s in one
+        C call while rank 0, in barrier, gets a SIGTERM of its own 0.5 s in. The stop is
+        rank 0's: it must not post rank 1, silent but alive, as lost.
 
 The launcher prints ``LC {"event": "launcher", "exc": ...}`` (None when spawn returned).
 """
@@ -22,6 +26,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -112,10 +117,33 @@ def kill_rank(out: str) -> None:
     emit("done", rank=rank)
 
 
+def own_sigterm() -> None:
+    tether.initialize("gloo")
+    rank = tether.get_rank()
+    held = 0.0
+    try:
+        tether.barrier()
+        if rank == 1:
+            emit("busy", rank=rank, time=time.time())
+            held = hold_gil(4.0)
+        else:
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        tether.barrier()
+    except BaseException as exc:
+        raised(rank, exc, held=round(held, 3))
+        raise
+    finally:
+        tether.finalize()
+    emit("done", rank=rank)
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario == "kill":
         kill_rank(sys.argv[2])
+        return
+    if scenario == "sigterm":
+        own_sigterm()
         return
     body, nproc, options = {
         "gil": (gil_body, 2, {}),

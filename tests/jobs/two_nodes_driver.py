@@ -1,12 +1,15 @@
 """Start both nodes of a two-node job on loopback, as two launcher processes, and wait.
 
-    python two_nodes_driver.py {spawn,torchrun} CASE [--kill-node K] [--bound S]
+    python two_nodes_driver.py {spawn,torchrun} CASE [--kill-node K] [--unshare-node K] [--bound S]
 
 Each node is its own launcher process (``tether.spawn(nnodes=2, node_rank=K)``, or
 ``torchrun --nnodes 2 --node_rank K`` with the static rendezvous), both children of this
 driver, so the whole job lives in the driver's session and a test can check that
 nothing of it is left. With ``--kill-node K`` the driver SIGKILLs node K's launcher once
-every rank is ready. It prints ``EVENT`` lines (``kill``, ``node_exit``) like the ranks,
+every rank is ready. With ``--unshare-node K`` node K runs in a pid namespace of its own
+(``UNSHARE``), under the same host name: as containers that share their machine's name
+do. Its namespace's first process is its launcher: when that ends, the kernel kills every
+process left in it. It prints ``EVENT`` lines (``kill``, ``node_exit``) like the ranks,
 and exits 0 only if both nodes did. This script imports no torch: it starts fast.
 """
 
@@ -25,6 +28,8 @@ from pathlib import Path
 from lifecycle_common import free_port
 
 JOB = Path(__file__).resolve().parent / "two_nodes_job.py"
+# a user namespace too, so that no root is needed; /proc mounted anew shows the new pids
+UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
 
 
 def emit(**data: object) -> None:
@@ -62,12 +67,20 @@ def main() -> int:
     parser.add_argument("launcher", choices=["spawn", "torchrun"])
     parser.add_argument("case")
     parser.add_argument("--kill-node", type=int, default=None)
+    parser.add_argument("--unshare-node", type=int, default=None)
     parser.add_argument("--bound", type=float, default=240.0)
     args = parser.parse_args()
     port = free_port()
     deadline = time.monotonic() + args.bound
     with tempfile.TemporaryDirectory(prefix="tether-two-nodes-") as out:
-        nodes = [subprocess.Popen(node_command(args.launcher, k, port, args.case, out)) for k in (0, 1)]
+        commands = [node_command(args.launcher, k, port, args.case, out) for k in (0, 1)]
+        if args.unshare_node is not None:
+            probe = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True)
+            if probe.returncode != 0:  # no user or pid namespaces on this machine
+                emit(event="no_unshare", why=probe.stderr.strip())
+                return 77
+            commands[args.unshare_node][:0] = UNSHARE
+        nodes = [subprocess.Popen(command) for command in commands]
         emit(event="nodes", pids=[p.pid for p in nodes], port=port)
         if args.kill_node is not None:
             while len(list(Path(out).glob("ready.*"))) < 4:

@@ -61,6 +61,12 @@ def happy(rank: int, node: int, local: int, out: str) -> None:
     emit(event="happy", rank=rank, total=int(total.item()), gathered=gathered.tolist(), names=names)
 
 
+def linger(rank: int, node: int, local: int, out: str) -> None:
+    """The happy path, with 3 s between two collectives: the keepers judge their host 6 times."""
+    time.sleep(3.0)
+    happy(rank, node, local, out)
+
+
 def local_first(rank: int, node: int, local: int, out: str) -> None:
     with idist.one_rank_first(local=True):
         t_in = time.time()
@@ -111,6 +117,7 @@ def stall_on_node_1(rank: int, node: int, local: int, out: str) -> None:
 
 CASES = {
     "happy": happy,
+    "linger": linger,
     "local_first": local_first,
     "raise": raise_on_node_1,
     "node_lost": wait_for_kill(1),

@@ -270,14 +270,15 @@ class Channel:
 
     # --- this rank's registration and exit --------------------------------------------
 
-    def register(self, host: str, pid: int) -> None:
-        """Tell every rank where this rank runs: its host and pid (two store operations).
+    def register(self, host: str, pid: int, pidns: str = "") -> None:
+        """Tell every rank where this rank runs: its host, pid and pid namespace (two store
+        operations).
 
-        The judges on ``host`` read it (``host_pids``), as does a rank that posts another's
-        failure (``placed``). Also creates the query counter, so that the store's key count
-        is the same before and after the first whereabouts query.
+        The judges on ``host`` in namespace ``pidns`` read it (``host_pids``), as does a
+        rank that posts another's failure (``placed``). Also creates the query counter, so
+        that the store's key count is the same before and after the first whereabouts query.
         """
-        self._store.append(self.key("placed"), f"{self.rank} {pid} {host},")  # type: ignore[attr-defined]
+        self._store.append(self.key("placed"), f"{self.rank} {pid} {host} {pidns},")  # type: ignore[attr-defined]
         self._store.add(self.key("q", "n"), 0)
 
     def placed(self, rank: int, client: Store | None = None) -> tuple[str, int] | None:
@@ -286,22 +287,24 @@ class Channel:
         For a failure posted by another rank than the one it names (a timeout's staller,
         posted by a rank that waited for it): the report says where to look.
         """
-        return self._registered(client).get(rank)
+        found = self._registered(client).get(rank)
+        return None if found is None else (found[0], found[2])
 
-    def host_pids(self, host: str, client: Store | None = None) -> dict[int, int]:
-        """rank -> pid of the ranks registered on ``host`` so far (one store read)."""
-        return {r: pid for r, (h, pid) in self._registered(client).items() if h == host}
+    def host_pids(self, host: str, pidns: str, client: Store | None = None) -> dict[int, int]:
+        """rank -> pid of the ranks registered so far on ``host`` in pid namespace ``pidns``,
+        the ranks whose pids mean the same here (one store read)."""
+        return {r: pid for r, (h, ns, pid) in self._registered(client).items() if (h, ns) == (host, pidns)}
 
-    def _registered(self, client: Store | None = None) -> dict[int, tuple[str, int]]:
-        """rank -> (host, pid) of every rank registered so far."""
+    def _registered(self, client: Store | None = None) -> dict[int, tuple[str, str, int]]:
+        """rank -> (host, pid namespace, pid) of every rank registered so far."""
         store, key = client or self._store, self.key("placed")
         if not store.check([key]):
             return {}
         found = {}
         for item in store.get(key).decode().split(","):
-            rank, pid, host = [*item.split(" ", 2), "", ""][:3]
+            rank, pid, host, pidns = [*item.split(" ", 3), "", "", ""][:4]
             if rank.lstrip("-").isdigit() and pid.isdigit():
-                found[int(rank)] = (host, int(pid))
+                found[int(rank)] = (host, pidns, int(pid))
         return found
 
     def mark_done(self, how: str, client: Store | None = None) -> None:

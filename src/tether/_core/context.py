@@ -34,7 +34,8 @@ class SyncSettings:
         timeout: default ``timeout`` of every sync when its call gives none (None: wait
             as long as it takes, with a stall report every ``warn_after``).
         warn_after: a wait without timeout logs a stall report once after this long.
-        answer_within: how long a whereabouts query waits for answers.
+        answer_within: how long a whereabouts query waits for answers (for a report or a
+            timeout's verdict; one that decides a loss waits the watchdog's ``lost_after``).
         check_after: a collective still waiting after this long checks, on the store,
             that every rank entered the same call (the mismatch check's slow path).
         check_collectives: before each collective, every rank learns what every other

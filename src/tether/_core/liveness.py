@@ -4,8 +4,10 @@ A rank is **lost** only when its process is gone or stopped, or its whole node w
 silent. A rank that is merely busy -- even in one C call that holds the GIL for minutes --
 is never lost: nothing here reads a heartbeat from a rank's own Python threads.
 
-* **Processes, from /proc.** Every rank registers its rank, pid and host
-  (``channel.register``). A judge on the same host reads ``/proc/<pid>/stat``:
+* **Processes, from /proc.** Every rank registers its rank, pid, host and pid namespace
+  (``channel.register``). A judge on the same host, in the same pid namespace, reads
+  ``/proc/<pid>/stat``. (A host's name alone is not enough: containers that share it
+  have pid namespaces of their own; a pid from another one names another process, or none.)
 
   - gone (no entry, or a zombie), and ``P/done/<rank>`` unset: the process ended without
     posting anything (SIGKILL, a crash, ``os._exit``). Found within one judging period:
@@ -51,7 +53,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from torch._C._distributed_c10d import Store
@@ -62,6 +64,20 @@ from .record import FailureRecord, lost_record
 from .stores import StorePing, cut_connections
 
 _HOST = socket.gethostname()  # a judge sees the processes of its own host only
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace (``pid:[4026531836]``), or "" where /proc does not say.
+
+    Two processes with the same host name may see different pids: containers that share
+    their machine's name, as Kubernetes pods with ``hostNetwork`` do, each have a pid
+    namespace of their own. A pid read from another namespace's rank names some other
+    process here, or none: judged from this /proc, a healthy rank would be "gone".
+    """
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def process_state(pid: int) -> str | None:
@@ -77,6 +93,17 @@ def process_state(pid: int) -> str | None:
 
 def stopped(state: str | None) -> bool:
     return state in ("T", "t")
+
+
+def running_here(channel: Channel, ranks: Sequence[int], client: Store | None = None) -> set[int]:
+    """Of ``ranks``, those whose process runs on this host, neither gone nor stopped (one
+    store read, one /proc read each).
+
+    Such a rank is alive, however long it stays silent: busy in a call that holds the GIL,
+    or slow on a loaded machine. Nothing may post it lost for its silence alone.
+    """
+    pids = channel.host_pids(_HOST, pid_namespace(), client)
+    return {r for r in ranks if r in pids and (state := process_state(pids[r])) is not None and not stopped(state)}
 
 
 @dataclass
@@ -206,6 +233,7 @@ class HostJudge(PeerJudge):
     """
 
     host: str = ""
+    pidns: str = ""  # this rank's pid namespace: only ranks in it are this judge's to judge
     expected: int = 0
     _next_look: float = 0.0
     _interval: float = 0.2
@@ -225,7 +253,7 @@ class HostJudge(PeerJudge):
         (``StoreHostWatch``), and a later look would wait on the frozen store.
         """
         mine = self.channel.rank
-        self.pids.update({r: p for r, p in self.channel.host_pids(self.host, client).items() if r != mine})
+        self.pids.update({r: p for r, p in self.channel.host_pids(self.host, self.pidns, client).items() if r != mine})
 
 
 class StoreHostWatch:

@@ -41,7 +41,7 @@ from .ending import register_atexit, retire, wrap_destroy
 from .failures import blamed, report_failure
 from .group import MADE_KEY, Group
 from .hooks import Hooks
-from .liveness import HostJudge, NodeWatch, StoreAnswerWatch, StoreHostWatch, store_silent_after
+from .liveness import HostJudge, NodeWatch, StoreAnswerWatch, StoreHostWatch, pid_namespace, store_silent_after
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
 from .record import FailureRecord
@@ -185,8 +185,8 @@ def _watch(
             "tether: this job's store has no queues; failures are noticed by polling every 0.2 s "
             "and whereabouts queries are off (see tether/_core/channel.py)"
         )
-    host, pid = socket.gethostname(), os.getpid()
-    channel.register(host, pid)
+    host, pid, pidns = socket.gethostname(), os.getpid(), pid_namespace()
+    channel.register(host, pid, pidns)
     config = options.watchdog
     if interactive():
         config = WatchdogConfig(config.heartbeat, config.lost_after, None, config.store_host)
@@ -196,6 +196,7 @@ def _watch(
         time.monotonic,
         store_host=config.store_host,
         host=host,
+        pidns=pidns,
         expected=topo.nproc_per_node - 1,
     )
     # a rank hosting the store is judged stopped without the store (liveness.StoreHostWatch)

@@ -21,6 +21,7 @@ from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherEr
 from .channel import ROOT_WAIT, Answers
 from .context import Context
 from .group import Group, all_ranks, tag
+from .liveness import running_here
 from .record import KIND_FINISHED, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
@@ -287,32 +288,54 @@ def explain_backend_error(ctx: Context, group: Group, exc: BaseException) -> Tet
     """Turn a backend error ("Connection closed by peer") into the failure behind it.
 
     A peer that raised has posted its record before its process ended, so it is usually
-    here already. A peer that was killed has not: the ranks that do not answer a
-    whereabouts query within ``answer_within`` are posted as lost.
+    here already. A peer that finished cleanly closed its connections as it ended: that is
+    the story. A peer that was killed has posted nothing: the ranks that are lost by
+    ``_silent``'s rule are posted as lost.
     """
     assert ctx.watchdog is not None and ctx.channel is not None
     failure = ctx.watchdog.wait_for_failure(0.2)
     if failure is not None:
         return failure
+    me = ctx.channel.rank
     try:
-        answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
+        finished = ctx.channel.finished()
+        left = [r for r in group.members if r != me and r in finished]
+        silent = [] if left else _silent(ctx, [r for r in group.members if r != me])
     except dist.DistNetworkError as lost:
         return ctx.watchdog.store_lost(lost)
     if ctx.watchdog.failure is not None:
         return ctx.watchdog.failure
-    silent = [r for r in group.members if r != ctx.channel.rank and r not in answers]
+    if left:  # it left cleanly: its process ended, and the backend's connections with it
+        how, _, lingers = finished[left[0]]
+        call = ctx.watchdog.current_call or "a torch.distributed call"
+        record = finished_record(ctx, left[0], how, call, lingers)
+        return post_and_pick(ctx, record, error_from_record(record))
     if not silent:
         return BackendError(f"{type(exc).__name__}: {exc}")
-    finished = ctx.channel.finished()
-    if silent[0] in finished:  # it left cleanly: its process ended, and the backend's connections with it
-        how, _, lingers = finished[silent[0]]
-        call = ctx.watchdog.current_call or "a torch.distributed call"
-        record = finished_record(ctx, silent[0], how, call, lingers)
-        return post_and_pick(ctx, record, error_from_record(record))
     record = lost_record(
         silent[0], f"its process stopped answering (the backend said: {str(exc).splitlines()[0]})", ctx.channel.rank
     )
     return post_and_pick(ctx, record, PeerLost(record))
+
+
+def _silent(ctx: Context, ranks: list[int]) -> list[int]:
+    """Of ``ranks``, those that may be lost: neither running on this host nor answering.
+
+    A rank whose process runs on this host is alive (``liveness.running_here``): it is
+    not asked. The others are asked where they are, for as long as a judge takes to find a
+    rank lost (``lost_after``: a frozen process, a silent node), or until a failure is
+    posted (a judge on their host finds a dead process within a second). Silence for
+    ``answer_within`` alone proved nothing: a rank 1 busy on a loaded machine was once
+    posted lost that way, as the cause of rank 0's own SIGTERM.
+    """
+    assert ctx.channel is not None and ctx.watchdog is not None
+    watchdog = ctx.watchdog
+    alive = running_here(ctx.channel, ranks)
+    asked = [r for r in ranks if r not in alive]
+    if not asked:
+        return []
+    answers = ctx.channel.ask_whereabouts(asked, watchdog.config.lost_after, until=lambda: watchdog.failure is not None)
+    return [r for r in asked if r not in answers]
 
 
 OUTSIDE = "(outside tether)"  # how a rank in a torch.distributed call ends its whereabouts' first line
@@ -362,9 +385,10 @@ def failure_behind_stop(ctx: Context) -> TetherError | None:
     torchrun's agent SIGTERMs every other worker 0.1 s after one worker's process ended.
     A record already posted explains it (the listener may not have delivered it yet).
     A judge's sweep of this host's ranks (from /proc, milliseconds) finds a rank that
-    died without a word; for ranks on other hosts a whereabouts query does: a rank that
-    neither answers within ``answer_within`` nor left cleanly is posted as lost. Runs on
-    the main thread after the signal's exception left the handler, never inside it.
+    died without a word. A rank still running on this host is no cause. The others are
+    asked where they are: one that did not leave cleanly and stays silent for
+    ``lost_after`` is posted as lost (``_silent``). Runs on the main thread after the
+    signal's exception left the handler, never inside it.
 
     A DataLoader's worker that a stop to the whole process group ended cannot cut this query
     short ("could not tell whether a peer's failure caused this SIGTERM: DataLoader worker
@@ -400,12 +424,11 @@ def _failure_behind_stop(ctx: Context) -> TetherError | None:
             return watchdog.failure
         if watchdog.sweep() is not None:
             return watchdog.failure
-        finished = channel.finished(channel.connection)  # they will not answer: asking them costs answer_within
-        asked = [r for r in range(channel.world_size) if r != channel.rank and r not in finished]
-        answers = channel.ask_whereabouts(asked, ctx.settings.answer_within, until=lambda: watchdog.failure is not None)
+        finished = channel.finished(channel.connection)  # they will not answer: asking them costs the wait
+        silent = _silent(ctx, [r for r in range(channel.world_size) if r != channel.rank and r not in finished])
         if watchdog.failure is not None:
             return watchdog.failure
-        silent = [r for r in asked if r not in answers and channel.done(r) is None]
+        silent = [r for r in silent if channel.done(r) is None]
         if not silent:
             return None
         record = lost_record(
