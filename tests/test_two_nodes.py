@@ -91,6 +91,20 @@ def test_happy_path_across_two_nodes(launcher: str) -> None:
     assert_nothing_left(result, evs)
 
 
+@pytest.mark.parametrize("launcher", [pytest.param("spawn", marks=pytest.mark.full), "torchrun"])
+def test_a_node_whose_local_rank_0_holds_the_gil_past_lost_after_is_not_lost(launcher: str) -> None:
+    # under torchrun, node 1's heartbeat was local rank 0's keeper thread: 7 s in one C call
+    # that held its GIL stopped it, and node 0 posted node 1 lost after lost_after (3 s).
+    # Now a process of its own beats (tether/_core/beater.py); under spawn the launcher does
+    result, evs = run(launcher, "gil_on_node_1")
+    assert result.returncode == 0, result.output[-4000:]
+    (held,) = of(evs, "held")
+    assert held["seconds"] >= 6.0, held  # past lost_after + a heartbeat, with room
+    assert sorted(e["rank"] for e in of(evs, "happy")) == [0, 1, 2, 3], result.output[-4000:]
+    assert "lost" not in result.output.lower(), result.output[-4000:]
+    assert_nothing_left(result, evs)
+
+
 def test_ranks_of_another_pid_namespace_under_the_same_host_name_are_not_judged_from_proc() -> None:
     # node 1 in a pid namespace of its own, as containers sharing their machine's name (a
     # Kubernetes pod with hostNetwork) are. Each torchrun rank judges its host's other ranks

@@ -15,6 +15,7 @@ that only starts ranks starts fast.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import random
@@ -28,6 +29,21 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 MAX_MSG = 400
+
+
+def hold_gil(seconds: float) -> float:
+    """One C call that holds the GIL for ``seconds`` of wall time: libc's ``usleep``, as a C
+    extension that blocks without releasing the GIL. Returns the seconds it held.
+
+    It used to be ``sum(range(N))`` with N calibrated in the job, whose length followed the
+    machine's load: calibrated while the machine was busier, it held 2.5 and 2.6 s of 5;
+    meant for 13 s, 7.6 (the test needs 8); with a second, rescaled call when the first fell
+    short, 7.3 (a ``--full`` run on 2026-12-06).
+    """
+    keeps_the_gil = ctypes.PyDLL(None)  # libc, through PyDLL: its calls do not release the GIL (CDLL's do)
+    t = time.perf_counter()
+    keeps_the_gil.usleep(int(seconds * 1_000_000))
+    return time.perf_counter() - t
 
 
 def _line(event: str, data: dict[str, Any]) -> str:

@@ -22,7 +22,6 @@ The launcher prints ``LC {"event": "launcher", "exc": ...}`` (None when spawn re
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -30,25 +29,9 @@ import threading
 import time
 from pathlib import Path
 
-from lifecycle_common import emit, launcher_failed, raised, stops_held
+from lifecycle_common import emit, hold_gil, launcher_failed, raised, stops_held
 
 import tether
-
-_KEEPS_THE_GIL = ctypes.PyDLL(None)  # libc, through PyDLL: its calls do not release the GIL (CDLL's do)
-
-
-def hold_gil(seconds: float) -> float:
-    """One C call that holds the GIL for ``seconds`` of wall time: libc's ``usleep``, as a C
-    extension that blocks without releasing the GIL. Returns the seconds it held.
-
-    It used to be ``sum(range(N))`` with N calibrated in the job, whose length followed the
-    machine's load: calibrated while the machine was busier, it held 2.5 and 2.6 s of 5;
-    meant for 13 s, 7.6 (the test needs 8); with a second, rescaled call when the first fell
-    short, 7.3 (a ``--full`` run on 2026-12-06).
-    """
-    t = time.perf_counter()
-    _KEEPS_THE_GIL.usleep(int(seconds * 1_000_000))
-    return time.perf_counter() - t
 
 
 def gil_body(local_rank: int) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lifecycle_common import hold_gil
 
 import tether as idist
 
@@ -64,6 +65,15 @@ def happy(rank: int, node: int, local: int, out: str) -> None:
 def linger(rank: int, node: int, local: int, out: str) -> None:
     """The happy path, with 3 s between two collectives: the keepers judge their host 6 times."""
     time.sleep(3.0)
+    happy(rank, node, local, out)
+
+
+def gil_on_node_1(rank: int, node: int, local: int, out: str) -> None:
+    """Node 1's local rank 0 holds its GIL 7 s in one C call (its node's heartbeat was its
+    keeper's: lost_after is 3 s) while the others wait in a barrier; then the happy path."""
+    if rank == 2:
+        time.sleep(1.5)  # its node beats first: a node that never beat is not judged
+        emit(event="held", rank=rank, seconds=round(hold_gil(7.0), 3))
     happy(rank, node, local, out)
 
 
@@ -117,6 +127,7 @@ def stall_on_node_1(rank: int, node: int, local: int, out: str) -> None:
 
 CASES = {
     "happy": happy,
+    "gil_on_node_1": gil_on_node_1,
     "linger": linger,
     "local_first": local_first,
     "raise": raise_on_node_1,

@@ -63,6 +63,7 @@ from typing import Any
 
 from ..errors import ExitCode, PeerFinished, TetherError
 from . import descendants
+from .beater import process_state
 from .record import first_line
 
 _ending = threading.Event()  # an owned process's excepthook runs the exit functions, then ``os._exit``
@@ -254,8 +255,6 @@ def after_finished_peer(shown: BaseException) -> None:
         return
     if shown.record.detail.get("lingers"):
         return  # a non-daemon thread keeps it alive: the launcher's stop is what ends it
-    from .liveness import process_state  # (liveness imports the channel; hooks stays below it)
-
     if shown.host != socket.gethostname():
         return
     deadline = time.monotonic() + FINISHING

@@ -33,13 +33,14 @@ is never lost: nothing here reads a heartbeat from a rank's own Python threads.
   thread of its own, without the GIL of the process hosting it, so only a stopped or
   unreachable host goes silent.
 * **Nodes, from heartbeats.** With more than one node, each node beats ``P/node/<n>``
-  every ``heartbeat`` seconds (its launcher under ``tether.spawn``; its local rank 0's
-  keeper thread otherwise) and watches the next node of a ring: a node silent for
+  every ``heartbeat`` seconds and watches the next node of a ring: a node silent for
   ``lost_after`` is lost with all its ranks. Two store operations per node per beat,
-  whatever the number of nodes. This is the one judgement that a beat
-  decides, and so the one a GIL can delay: under torchrun a node whose every rank holds
-  the GIL for ``lost_after`` would be taken for lost. Under ``tether.spawn`` the
-  launcher beats, and a busy rank cannot delay it.
+  whatever the number of nodes. Under ``tether.spawn`` the launcher beats; under any
+  other launcher a process that local rank 0 starts (``beater.py``), for as long as
+  that rank's process lives and is not stopped. No GIL can delay either: when local
+  rank 0's keeper thread beat, 7 s in one C call that held its GIL ended a healthy
+  two-node job (``tests/test_two_nodes.py``). Should the beater die, the keeper beats
+  again. A node that never beat is not judged.
 * **Stalls** (alive, not arriving) are not losses: ``SyncTimeout`` and stall reports
   (``waits.py``) deal with them.
 
@@ -52,6 +53,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,9 +61,10 @@ from dataclasses import dataclass, field
 from torch._C._distributed_c10d import Store
 
 from . import errorfile
+from .beater import process_state, stopped
 from .channel import Channel
 from .record import FailureRecord, lost_record
-from .stores import StorePing, cut_connections
+from .stores import StorePing, cut_connections, tcp_store
 
 _HOST = socket.gethostname()  # a judge sees the processes of its own host only
 
@@ -78,21 +81,6 @@ def pid_namespace() -> str:
         return os.readlink("/proc/self/ns/pid")
     except OSError:
         return ""
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of ``pid`` in /proc (``R``, ``S``, ``T``...), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fp:
-            stat = fp.read()
-    except OSError:
-        return None
-    state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode()
-    return None if state in ("Z", "X") else state
-
-
-def stopped(state: str | None) -> bool:
-    return state in ("T", "t")
 
 
 def running_here(channel: Channel, ranks: Sequence[int], client: Store | None = None) -> set[int]:
@@ -174,7 +162,12 @@ class PeerJudge:
 
 @dataclass
 class NodeWatch:
-    """Beats this node's counter and finds other nodes that went silent."""
+    """Beats this node's counter and finds other nodes that went silent.
+
+    The counters live on the ``TCPStore`` beneath any ``PrefixStore`` (``tcp_store``),
+    where a ``beater`` process (``beater.py``) beats them too. While this node's beater
+    runs, this watch only judges.
+    """
 
     channel: Channel
     node: int
@@ -183,6 +176,7 @@ class NodeWatch:
     lost_after: float
     clock: Callable[[], float]
     beats: bool = True
+    beater: subprocess.Popen[bytes] | None = None  # beats for this node, from a process of its own
     _seen: dict[int, tuple[int, float]] = field(default_factory=dict)
     _judged: set[int] = field(default_factory=set)
 
@@ -190,8 +184,8 @@ class NodeWatch:
         """Beat this node; judge the next node of the ring (each node watches one: O(1) per node)."""
         if self.nnodes <= 1:
             return []
-        if self.beats:
-            self.beat(client)
+        if self.beats and (self.beater is None or self.beater.poll() is not None):
+            self.beat(client)  # no beater, or it ended (killed): beating from here is better than none
         other = (self.node + 1) % self.nnodes
         if other in self._judged:
             return []
@@ -210,13 +204,20 @@ class NodeWatch:
 
     def beat(self, client: Store) -> None:
         """One heartbeat of this node (one store operation)."""
-        client.add(self.channel.key("node", self.node), 1)
+        tcp_store(client).add(self.channel.key("node", self.node), 1)
+
+    def close(self) -> None:
+        """End this node's beater, if it runs (a second at most)."""
+        if self.beater is not None and self.beater.poll() is None:
+            self.beater.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.beater.wait(timeout=1.0)
 
     def silent_for(self, other: int, client: Store) -> float | None:
         """Seconds node ``other``'s heartbeat has not moved, as seen by this watch's reads
         (one store operation); None when it moved since the last read, or never beat."""
         now = self.clock()
-        value = int(client.add(self.channel.key("node", other), 0))
+        value = int(tcp_store(client).add(self.channel.key("node", other), 0))
         last, since = self._seen.get(other, (-1, now))
         if value != last:
             self._seen[other] = (value, now)

@@ -34,7 +34,7 @@ from .._checks import to_timedelta
 from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
 from ..errors import TetherError
-from . import context, funcol, nccl, rawcalls, storewaits
+from . import beater, context, funcol, nccl, rawcalls, storewaits
 from .channel import Channel, clone, generation, has_queues
 from .context import Context
 from .ending import register_atexit, retire, wrap_destroy
@@ -45,7 +45,7 @@ from .liveness import HostJudge, NodeWatch, StoreAnswerWatch, StoreHostWatch, pi
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
 from .record import FailureRecord
-from .stores import StorePing, channel_beside
+from .stores import StorePing, channel_beside, server_address
 from .verdicts import OUTSIDE
 from .waits import gate
 from .watchdog import Watchdog, WatchdogConfig
@@ -217,6 +217,10 @@ def _watch(
         time.monotonic,
         beats=launch.node_beats,
     )
+    beats_here = topo.nnodes > 1 and topo.local_rank == 0 and launch.node_beats
+    address = server_address(store) if beats_here else None
+    if address is not None:  # a process of its own beats, which no GIL of this rank can stop
+        nodes.beater = beater.start(*address, channel.key("node", topo.node_rank), config.heartbeat)
     made: list[weakref.ref[Context]] = []  # weak: a cycle through the watchdog would keep the store open
 
     def group_gone() -> bool:
@@ -234,7 +238,7 @@ def _watch(
         judge=judge if launch.judge_peers else None,
         store_watch=store_watch,
         store_answers=store_answers,
-        nodes=nodes if topo.nnodes > 1 and topo.local_rank == 0 and launch.node_beats else None,
+        nodes=nodes if beats_here else None,
         abort=backend.abort,
         group_gone=group_gone,
         on_blamed=on_blamed,

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
 
+from .beater import PING, connect
+
 
 def channel_beside(
     store: Store, job_id: str, rank: int, world_size: int, timeout: datetime.timedelta
@@ -67,10 +69,16 @@ def job_store(addr: str, port: int | None, world: int, node_rank: int, shared_fi
 CLOSE_WAIT = 2.0  # seconds a rank waits, in finalize, for the store's host to close the store
 
 
-def server_address(store: Store) -> tuple[str, int] | None:
-    """``(host, port)`` of the ``TCPStore`` server beneath ``store``; None for another store."""
+def tcp_store(store: Store) -> Store:
+    """The store beneath every ``PrefixStore`` wrapping ``store`` (a ``TCPStore``, usually)."""
     while isinstance(store, PrefixStore):
         store = store.underlying_store
+    return store
+
+
+def server_address(store: Store) -> tuple[str, int] | None:
+    """``(host, port)`` of the ``TCPStore`` server beneath ``store``; None for another store."""
+    store = tcp_store(store)
     host, port = getattr(store, "host", None), getattr(store, "port", None)
     return (host, port) if isinstance(store, TCPStore) and host and port else None
 
@@ -99,13 +107,6 @@ class StoreProbe:
             self._sock.settimeout(bound)
             with contextlib.suppress(OSError):  # a timeout too: then go on, as before
                 self._sock.recv(1)
-
-
-# TCPStore's wire protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp, torch 2.13):
-# a client first sends VALIDATE with the magic number, then queries; PING carries a
-# 32-bit nonce that the server sends back.
-_VALIDATE, _PING = 0, 13
-_MAGIC = 0x3C85F7CE
 
 
 class StorePing:
@@ -137,8 +138,7 @@ class StorePing:
         if address is None:
             return
         try:
-            self._sock = socket.create_connection(address, timeout=timeout)
-            self._sock.sendall(struct.pack("=BI", _VALIDATE, _MAGIC))
+            self._sock = connect(*address, timeout=timeout)
         except OSError:
             self.close()
             return
@@ -153,7 +153,7 @@ class StorePing:
         try:
             if self._since is None:
                 self._nonce = (self._nonce + 1) & 0xFFFFFFFF
-                sock.sendall(struct.pack("=BI", _PING, self._nonce))
+                sock.sendall(struct.pack("=BI", PING, self._nonce))
                 self._since = self._clock()
             sock.settimeout(wait)
             while len(self._reply) < 4:

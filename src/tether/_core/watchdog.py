@@ -219,6 +219,8 @@ class Watchdog:
             self.channel.notify(others, "retire")
             self.channel.notify([self.channel.rank], "stop")
         self.janitor.stop()
+        if self.nodes is not None:
+            self.nodes.close()
         self._stop.set()
         with contextlib.suppress(OSError):
             os.write(self.signal_fd, b"\0")  # wakes the keeper's select
