@@ -29,8 +29,10 @@ def test_every_gloo_thread_keeps_its_python_thread_state() -> None:
         # the DDP step's and the collective's results are right: the callbacks did their work
         assert states[rank, "ddp"]["grad"] == pytest.approx(0.3, rel=1e-6), states
         assert states[rank, "keeper"]["total"] == pytest.approx(0.3, rel=1e-6), states
-        # DDP settled its one bucket in a callback on one gloo thread, which kept its state
-        assert states[rank, "ddp"]["frameless"] == start + (1 if NEEDED else 0), states
+        # DDP settled its one bucket in a callback on a gloo thread (one or both, in two
+        # steps), which kept its state
+        ddp = states[rank, "ddp"]["frameless"] - start
+        assert (1 <= ddp <= threads) if NEEDED else ddp == 0, states
         # 21 collectives later every gloo thread of the rank kept one: ``Keeper``'s callbacks
         assert states[rank, "keeper"]["frameless"] == start + (threads if NEEDED else 0), states
     assert res.leftovers == [], tail(res)

@@ -6,8 +6,11 @@
 (a state made for a thread of torch's, as pybind11 makes one to run a callback: Python's
 own threads have frames), then:
 
-1. a DDP step, before any collective of tether's: its one bucket settles in a callback
-   on one of gloo's threads;
+1. two DDP steps, before any collective of tether's: the one bucket settles in a callback
+   on one of gloo's threads. In each step one rank is 0.1 s late, the other's callback
+   waits for it: a rank that arrives last may find its bucket's work done before the
+   callback is attached, and run it on its own thread (a fresh clone's run, 2026-12-06,
+   when the job made one step);
 2. 21 ``all_reduce`` (rank 1 0.3 s late to the first, so that rank 0's wait outlasts its
    first 5 ms and wakes on the completion callback): ``Keeper`` hands each a callback
    until every gloo thread of the rank has kept its state.
@@ -75,7 +78,11 @@ def fn(local_rank: int) -> None:
     torch.manual_seed(0)
     model = tether.auto_model(torch.nn.Linear(4, 1))  # DDP, its one bucket settled by tether's hook
     assert isinstance(model, DistributedDataParallel)
-    model(torch.full((2, 4), 0.1 * (rank + 1))).sum().backward()
+    for step in range(2):
+        model.zero_grad()
+        if rank == step:
+            time.sleep(0.1)
+        model(torch.full((2, 4), 0.1 * (rank + 1))).sum().backward()
     time.sleep(0.2)  # gloo's thread has long left the callback: a state it did not keep is gone
     grad = float(model.module.weight.grad[0, 0])
     emit("states", rank=rank, at="ddp", frameless=frameless_states(), grad=grad)

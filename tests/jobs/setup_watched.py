@@ -41,12 +41,13 @@ def registered(port: int, within: float) -> None:
     from torch.distributed import TCPStore
 
     from tether._core.channel import Channel
+    from tether._core.liveness import pid_namespace
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=within))
     channel = Channel(store, Channel.make_prefix(f"env-{port}-r0", 1), -1, 3)  # _env.py's job id; a reader only
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if {0, 1} <= channel.host_pids(socket.gethostname()).keys():
+        if {0, 1} <= channel.host_pids(socket.gethostname(), pid_namespace()).keys():
             return
         time.sleep(0.05)
     raise AssertionError(f"ranks 0 and 1 did not register within {within} s")
