@@ -105,31 +105,61 @@ def test_a_node_whose_local_rank_0_holds_the_gil_past_lost_after_is_not_lost(lau
     assert_nothing_left(result, evs)
 
 
-def test_ranks_of_another_pid_namespace_under_the_same_host_name_are_not_judged_from_proc() -> None:
-    # node 1 in a pid namespace of its own, as containers sharing their machine's name (a
-    # Kubernetes pod with hostNetwork) are. Each torchrun rank judges its host's other ranks
-    # from /proc: by host name alone, node 1's ranks read node 0's pids in their /proc, found
-    # none, and posted healthy ranks lost (PeerLost, rank 0 "ended without a word")
+def run_unshared(case: str) -> tuple[_harness.Result, list[dict[str, Any]]]:
+    """A torchrun job whose node 1 runs in a pid namespace of its own (skipped where none can be made)."""
     result = _harness.python(
-        "two_nodes_driver.py",
-        "torchrun",
-        "linger",
-        "--unshare-node",
-        "1",
-        "--bound",
-        str(JOB_BOUND - 20),
-        bound=JOB_BOUND,
+        "two_nodes_driver.py", "torchrun", case, "--unshare-node", "1", "--bound", str(JOB_BOUND - 20), bound=JOB_BOUND
     )
     evs = events(result)
     for e in of(evs, "no_unshare"):
         pytest.skip(f"no pid namespaces here: unshare said {e['why']!r}")
     assert len(of(evs, "joined")) == 4, result.output[-4000:]
+    return result, evs
+
+
+def test_ranks_of_another_pid_namespace_under_the_same_host_name_are_not_judged_from_proc() -> None:
+    # node 1 in a pid namespace of its own, as containers sharing their machine's name (a
+    # Kubernetes pod with hostNetwork) are. Each torchrun rank judges its host's other ranks
+    # from /proc: by host name alone, node 1's ranks read node 0's pids in their /proc, found
+    # none, and posted healthy ranks lost (PeerLost, rank 0 "ended without a word")
+    result, evs = run_unshared("linger")
     assert result.returncode == 0, result.output[-4000:]
     assert sorted(e["rank"] for e in of(evs, "happy")) == [0, 1, 2, 3], result.output[-4000:]
     assert sorted(e["rank"] for e in of(evs, "done")) == [0, 1, 2, 3]
     assert "lost" not in result.output.lower(), result.output[-4000:]
     # node 1's ranks told their own namespace's pids; the kernel ended that namespace with
     # its launcher, which the driver waited for: check node 0's ranks and both launchers
+    node0 = [e for e in evs if e["event"] != "joined" or e["node"] == 0]
+    assert_nothing_left(result, node0)
+
+
+def test_a_stopped_rank_does_not_blame_a_rank_of_another_host_that_holds_the_gil() -> None:
+    # node 1 in a pid namespace of its own, so that node 0 cannot read its ranks in /proc:
+    # another host, as far as tether can tell. Rank 0 gets a SIGTERM of its own while rank
+    # 3 holds its GIL 8 s and cannot answer where it is. Before, rank 0 posted it lost
+    # after lost_after (3 s) of silence; now node 1's heartbeat, which moved meanwhile,
+    # vouches for it, and the stop stays rank 0's own
+    result, evs = run_unshared("stop_while_node_1_holds")
+    assert result.returncode not in (None, 0), result.output[-4000:]  # ended within its bound, failed
+    (held,) = of(evs, "held")
+    caught = {e["rank"]: e for e in of(evs, "caught")}
+    assert sorted(caught) == [0, 1, 2, 3], result.output[-4000:]
+    assert caught[0]["exc"] == "Terminated", caught[0]
+    for rank in (1, 2):
+        assert (caught[rank]["exc"], caught[rank].get("failed"), caught[rank].get("orig")) == (
+            "PeerFailure",
+            0,
+            "Terminated",
+        ), caught[rank]
+    for rank in (1, 2):
+        assert f"[rank {rank}] stopped: PeerFailure: rank 0 failed: Terminated: stopped by SIGTERM" in result.stderr
+    # rank 3 meets its launcher's SIGTERM (rank 2 failed) as its C call returns, with its
+    # listener held by the GIL until then: its report names rank 0 if it can still read the
+    # store, and the store's loss if node 0's launcher, which hosts it, has ended already
+    assert caught[3]["exc"] in ("PeerFailure", "Terminated"), caught[3]
+    assert "[rank 3] stopped: " in result.stderr, result.stderr[-4000:]
+    assert caught[0]["t"] < held["t"], (caught[0], held)  # rank 0 decided while rank 3 still held its GIL
+    assert "rank 3 failed" not in result.output and "stopped answering" not in result.output, result.output[-4000:]
     node0 = [e for e in evs if e["event"] != "joined" or e["node"] == 0]
     assert_nothing_left(result, node0)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,24 @@ def gil_on_node_1(rank: int, node: int, local: int, out: str) -> None:
         time.sleep(1.5)  # its node beats first: a node that never beat is not judged
         emit(event="held", rank=rank, seconds=round(hold_gil(7.0), 3))
     happy(rank, node, local, out)
+
+
+def stop_while_node_1_holds(rank: int, node: int, local: int, out: str) -> None:
+    """Rank 0 gets a SIGTERM of its own 0.5 s into a barrier, while rank 3, on node 1, holds
+    its GIL 8 s in one C call and cannot answer where it is. The stop is rank 0's own."""
+    if rank == 0:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    try:
+        if rank == 3:
+            start = time.time()
+            try:
+                hold_gil(8.0)  # its launcher's SIGTERM, once rank 2 failed, cuts it short
+            finally:
+                emit(event="held", rank=rank, seconds=round(time.time() - start, 3), t=time.time())
+        idist.barrier()
+    except BaseException as exc:
+        caught(rank, exc)
+        raise
 
 
 def local_first(rank: int, node: int, local: int, out: str) -> None:
@@ -134,6 +154,7 @@ CASES = {
     "node_lost": wait_for_kill(1),
     "host_lost": wait_for_kill(0),
     "stall": stall_on_node_1,
+    "stop_while_node_1_holds": stop_while_node_1_holds,
 }
 
 

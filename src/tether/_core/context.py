@@ -78,6 +78,7 @@ class Context:
     # called with the failure this rank ends on, once posted (``failures.report_failure``):
     # a Checkpointer's emergency save, for a failure that came between its steps
     on_failure: list[Callable[[BaseException], None]] = dataclasses.field(default_factory=list)
+    stop_was_own: bool = False  # a SIGTERM's cause was asked for: none but this rank (``verdicts``)
     wrote_own_error: bool = False  # tether wrote the error file for this rank's own failure, or for its blame
     keeper: Keeper = dataclasses.field(default_factory=Keeper)  # gloo threads' Python states (threadstates.py)
 

@@ -94,6 +94,12 @@ def running_here(channel: Channel, ranks: Sequence[int], client: Store | None = 
     return {r for r in ranks if r in pids and (state := process_state(pids[r])) is not None and not stopped(state)}
 
 
+def node_beats(channel: Channel, nodes: set[int], client: Store | None = None) -> dict[int, int]:
+    """node -> its heartbeat's count now (``NodeWatch``; one store operation per node)."""
+    store = tcp_store(client or channel.connection)
+    return {n: int(store.add(channel.key("node", n), 0)) for n in nodes}
+
+
 @dataclass
 class PeerJudge:
     """Judges processes on this host from the OS; ``check`` returns the losses it found.

@@ -21,7 +21,7 @@ from ..errors import BackendError, PeerLost, SyncMismatch, SyncTimeout, TetherEr
 from .channel import ROOT_WAIT, Answers
 from .context import Context
 from .group import Group, all_ranks, tag
-from .liveness import running_here
+from .liveness import node_beats, running_here
 from .record import KIND_FINISHED, KIND_MISMATCH, KIND_TIMEOUT, FailureRecord, error_from_record, lost_record
 
 log = logging.getLogger("tether")
@@ -319,23 +319,33 @@ def explain_backend_error(ctx: Context, group: Group, exc: BaseException) -> Tet
 
 
 def _silent(ctx: Context, ranks: list[int]) -> list[int]:
-    """Of ``ranks``, those that may be lost: neither running on this host nor answering.
+    """Of ``ranks``, those that may be lost: not running on this host, not answering, and
+    on a node that stopped beating.
 
     A rank whose process runs on this host is alive (``liveness.running_here``): it is
     not asked. The others are asked where they are, for as long as a judge takes to find a
     rank lost (``lost_after``: a frozen process, a silent node), or until a failure is
-    posted (a judge on their host finds a dead process within a second). Silence for
-    ``answer_within`` alone proved nothing: a rank 1 busy on a loaded machine was once
-    posted lost that way, as the cause of rank 0's own SIGTERM.
+    posted (a judge on their host finds a dead process within a second). One that stays
+    silent on a node whose heartbeat moved meanwhile is alive too: its node's beater
+    (``beater.py``) beats while local rank 0 lives, and its host's judges would have
+    posted its death. Silence alone proved nothing: a rank 1 busy on a loaded machine was
+    once posted lost after 1 s, as the cause of rank 0's own SIGTERM.
     """
     assert ctx.channel is not None and ctx.watchdog is not None
-    watchdog = ctx.watchdog
-    alive = running_here(ctx.channel, ranks)
+    watchdog, channel = ctx.watchdog, ctx.channel
+    alive = running_here(channel, ranks)
     asked = [r for r in ranks if r not in alive]
     if not asked:
         return []
-    answers = ctx.channel.ask_whereabouts(asked, watchdog.config.lost_after, until=lambda: watchdog.failure is not None)
-    return [r for r in asked if r not in answers]
+    topo = ctx.backend.topology
+    nodes = {r: r // topo.nproc_per_node for r in asked} if topo.nnodes > 1 else {}
+    before = node_beats(channel, set(nodes.values()))
+    answers = channel.ask_whereabouts(asked, watchdog.config.lost_after, until=lambda: watchdog.failure is not None)
+    silent = [r for r in asked if r not in answers]
+    if silent and nodes:
+        after = node_beats(channel, {nodes[r] for r in silent})
+        silent = [r for r in silent if after[nodes[r]] == before[nodes[r]]]
+    return silent
 
 
 OUTSIDE = "(outside tether)"  # how a rank in a torch.distributed call ends its whereabouts' first line
@@ -424,12 +434,17 @@ def _failure_behind_stop(ctx: Context) -> TetherError | None:
             return watchdog.failure
         if watchdog.sweep() is not None:
             return watchdog.failure
+        if ctx.stop_was_own:
+            return None  # asked already, for this stop, by the wait it reached (up to lost_after)
         finished = channel.finished(channel.connection)  # they will not answer: asking them costs the wait
         silent = _silent(ctx, [r for r in range(channel.world_size) if r != channel.rank and r not in finished])
         if watchdog.failure is not None:
             return watchdog.failure
         silent = [r for r in silent if channel.done(r) is None]
         if not silent:
+            # the post of this stop (``failures._report``) asks again: 3 s more once, before
+            # the others learnt it, with a rank of another host silent (tests/test_two_nodes.py)
+            ctx.stop_was_own = True
             return None
         record = lost_record(
             silent[0],
