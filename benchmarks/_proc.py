@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,28 @@ def torchrun(n: int, script: str | Path, *script_args: str, launcher: tuple[str,
         str(Path(script).resolve()),
         *script_args,
     ]
+
+
+_STORE_SERVER = """
+import datetime, time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(300)
+"""
+
+
+@contextlib.contextmanager
+def store_server() -> Iterator[int]:
+    """A TCPStore server (the libuv one, torch's default) in a process of its own on
+    loopback, for the block; yields its port (``store_ping.py``, ``beater.py``)."""
+    server = subprocess.Popen([sys.executable, "-c", _STORE_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        yield int(server.stdout.readline())
+    finally:
+        server.kill()
+        server.wait()
 
 
 def free_port() -> int:

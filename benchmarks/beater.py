@@ -27,20 +27,11 @@ import argparse
 import datetime
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-SERVER = """
-import datetime, time
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
-print(store.port, flush=True)
-time.sleep(300)
-"""
 
 
 def rss_kib(pid: int) -> int:
@@ -79,13 +70,11 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    import _proc
     import tether
     from tether._core import beater
 
-    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
+    with _proc.store_server() as port:
         store = dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=30))
         starts, launches, rss = [], [], []
         for i in range(args.starts):
@@ -114,9 +103,6 @@ def main() -> None:
             for _ in range(batch):
                 store.add("bench/keeper", 1)
             adds.append((time.perf_counter() - t) / batch * 1e6)
-    finally:
-        server.kill()
-        server.wait()
 
     per_beat = cpu / beats * 1e6 if beats else float("nan")
     load = os.getloadavg()

@@ -23,20 +23,10 @@ import argparse
 import datetime
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-SERVER = """
-import datetime, time
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
-print(store.port, flush=True)
-time.sleep(300)
-"""
 
 
 def main() -> None:
@@ -48,13 +38,11 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    import _proc
     import tether
     from tether._core.stores import StorePing
 
-    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
+    with _proc.store_server() as port:
         client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=30))
         ping = StorePing(client, time.monotonic)
         assert ping.answers, "the server did not answer the first ping"
@@ -67,9 +55,6 @@ def main() -> None:
             walls.append((time.perf_counter() - w) / batch * 1e6)
             cpus.append((time.thread_time() - c) / batch * 1e6)
         ping.close()
-    finally:
-        server.kill()
-        server.wait()
 
     def summary(xs: list[float]) -> str:
         q = statistics.quantiles(xs, n=4)

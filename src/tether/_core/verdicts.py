@@ -396,9 +396,10 @@ def failure_behind_stop(ctx: Context) -> TetherError | None:
     A record already posted explains it (the listener may not have delivered it yet).
     A judge's sweep of this host's ranks (from /proc, milliseconds) finds a rank that
     died without a word. A rank still running on this host is no cause. The others are
-    asked where they are: one that did not leave cleanly and stays silent for
-    ``lost_after`` is posted as lost (``_silent``). Runs on the main thread after the
-    signal's exception left the handler, never inside it.
+    asked where they are: one that did not leave cleanly, stays silent for ``lost_after``
+    and whose node stopped beating meanwhile is posted as lost (``_silent``). Asked once
+    per context: a later stop finds the answer (``Context.stop_was_own``). Runs on the
+    main thread after the signal's exception left the handler, never inside it.
 
     A DataLoader's worker that a stop to the whole process group ended cannot cut this query
     short ("could not tell whether a peer's failure caused this SIGTERM: DataLoader worker
@@ -442,8 +443,8 @@ def _failure_behind_stop(ctx: Context) -> TetherError | None:
             return watchdog.failure
         silent = [r for r in silent if channel.done(r) is None]
         if not silent:
-            # the post of this stop (``failures._report``) asks again: 3 s more once, before
-            # the others learnt it, with a rank of another host silent (tests/test_two_nodes.py)
+            # remembered: the post of this stop (``failures._report``) asked again, which held
+            # its record back by lost_after while its peers waited (tests/test_two_nodes.py)
             ctx.stop_was_own = True
             return None
         record = lost_record(

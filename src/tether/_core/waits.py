@@ -244,8 +244,8 @@ def _status_error(ctx: Context, status: str) -> TetherError:
     # "abort" is a member's wake for its own stop (a SIGTERM whose handler raises): its
     # record comes once it has decided whether a peer's failure caused the stop, which may
     # take lost_after (``verdicts._silent``). At 1 s, two ranks of a 4-rank job raised
-    # BackendError here 0.6 s before the stopped rank 0 posted its Terminated
-    # (tests/test_two_nodes.py, a rank of another host silent meanwhile)
+    # BackendError here before the stopped rank 0 had decided (tests/test_two_nodes.py,
+    # a rank of another host silent meanwhile)
     within = ctx.watchdog.config.lost_after + ctx.settings.answer_within + 1.0 if status == ABORT else 1.0
     failure = ctx.watchdog.failure or ctx.watchdog.wait_for_failure(within)
     return failure or BackendError(f"sync ended with status {status!r} and no failure record")
