@@ -100,6 +100,25 @@ def test_a_rank_whose_sys_exit_reaches_the_top_under_torchrun_is_not_waited_for(
     assert "Terminated" not in res.output, res.output[-3000:]  # no rank tells of its own stop
 
 
+def test_a_rank_that_calls_os_exit_0_under_torchrun_is_not_waited_for() -> None:
+    res = torchrun("finish_early.py", "torchrun", "os-exit0", nproc=2, bound=BOUND)
+    assert res.returncode == 1, res.output[-3000:]
+    check(res, "called os._exit(0)", "barrier #2")
+
+
+def test_a_rank_that_calls_os_exit_0_is_not_lost_while_the_others_work_on() -> None:
+    # os._exit(0) after the last collective skips a teardown that may hang; a peer still at
+    # work (a final save on rank 0) needs it no more. It ran no exit function, so nothing
+    # recorded its leave: rank 0's judge found its process gone "without a word", and the
+    # ladder ended rank 0, 5 s into its work, with exit 6 (before this test)
+    res = torchrun("finish_early.py", "torchrun", "os-exit0", nproc=2, bound=BOUND, env={"FINISH_EARLY_WORK": "8"})
+    assert res.returncode == 0, res.output[-3000:]
+    (worked,) = lc_events(res, "worked")
+    assert worked["rank"] == 0 and worked["seconds"] >= 8.0, worked
+    assert "PeerLost" not in res.output and "ended without a word" not in res.output, res.output[-3000:]
+    assert res.leftovers == []
+
+
 def test_uneven_data_under_join_trains_in_step_and_ends_without_a_warning() -> None:
     # the remedy the migration guide gives: each Join forward's async all-reduce, which DDP's
     # reducer waits for in C++ and keeps, looked in flight at exit: every rank waited 2 s and

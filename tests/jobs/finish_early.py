@@ -5,10 +5,12 @@
 
 Rank 1 finishes at once, by HOW: ``return`` (returns from the function), ``exit0``
 (``sys.exit(0)``) or, under torchrun, ``finalize`` (``finalize()`` then the script ends),
-``exit2`` (``sys.exit(2)`` reaches the top: no finalize) or ``exit-thread``
-(``sys.exit("...")`` with a non-daemon thread running, which keeps its process alive);
-rank 0 does one barrier and then waits in a second one (``barrier #2``), or in an
-all_reduce with ``--collective``. Rank 0 must raise ``PeerFinished`` naming rank 1.
+``exit2`` (``sys.exit(2)`` reaches the top: no finalize), ``exit-thread``
+(``sys.exit("...")`` with a non-daemon thread running, which keeps its process alive) or
+``os-exit0`` (``os._exit(0)``: no exit function, no teardown); rank 0 does one barrier and
+then waits in a second one (``barrier #2``), or in an all_reduce with ``--collective``.
+Rank 0 must raise ``PeerFinished`` naming rank 1. With ``FINISH_EARLY_WORK=S`` rank 0
+works S seconds in user code instead, waits for nobody, and ends cleanly.
 
 With ``exit2`` rank 0 starts its wait once rank 1's exit functions have run (a file
 says so): torchrun's SIGTERM then reaches rank 0 about when its first check of finished
@@ -67,6 +69,15 @@ def fn(local_rank: int) -> None:
         if HOW == "exit-thread":
             threading.Thread(target=time.sleep, args=(3600,), name="logger").start()
             sys.exit("fatal: no config")
+        if HOW == "os-exit0":
+            os._exit(0)
+        return
+    work = float(os.environ.get("FINISH_EARLY_WORK", "0"))
+    if work:
+        started = time.monotonic()
+        while time.monotonic() - started < work:  # a final save, an evaluation: no peer needed
+            time.sleep(0.05)
+        emit("worked", rank=rank, seconds=round(time.monotonic() - started, 3))
         return
     if HOW == "exit2":
         while not os.path.exists(EXITED):

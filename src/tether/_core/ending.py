@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
@@ -114,7 +114,32 @@ def register_atexit() -> None:
         before_join = getattr(threading, "_register_atexit", None)
         if before_join is not None:
             before_join(functools.partial(_main_thread_ended, os.getpid()))
+        os._exit = functools.partial(_os_exit, os.getpid(), os._exit)
         _atexit_registered = True
+
+
+LEAVE_WITHIN = 1.0  # seconds ``os._exit(0)`` waits for its leave to be recorded
+
+
+def _os_exit(pid: int, real_exit: Callable[[int], NoReturn], code: int) -> NoReturn:
+    """``os._exit`` in a rank's process: ``os._exit(0)`` records the rank's leave first.
+
+    Scripts end with ``os._exit(0)`` after their last collective to skip a teardown that
+    may hang. It runs no exit function, so nothing recorded the leave: the others' judges
+    found the process gone "without a word", and a rank still at work (a final save) was
+    ended by its ladder 5 s later (``tests/test_finish_early.py``). Now a peer that waits
+    for it raises ``PeerFinished`` ("called os._exit(0)"), and one that does not goes on.
+    The record takes a store operation or two, on a thread of its own, given
+    ``LEAVE_WITHIN`` seconds: a store that does not answer never holds the exit. Any other
+    code, and a forked child (``pid`` is the rank's), exit at once, as before.
+    """
+    ctx = context.peek()
+    if code == 0 and os.getpid() == pid and ctx is not None and ctx.channel is not None and ctx.watchdog is not None:
+        ctx.leaving = "called os._exit(0)"
+        recorder = threading.Thread(target=_record_leave, args=(ctx,), name="tether-os-exit", daemon=True)
+        recorder.start()
+        recorder.join(LEAVE_WITHIN)
+    real_exit(code)
 
 
 def _main_thread_ended(pid: int) -> None:

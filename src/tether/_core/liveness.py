@@ -10,7 +10,8 @@ is never lost: nothing here reads a heartbeat from a rank's own Python threads.
   have pid namespaces of their own; a pid from another one names another process, or none.)
 
   - gone (no entry, or a zombie), and ``P/done/<rank>`` unset: the process ended without
-    posting anything (SIGKILL, a crash, ``os._exit``). Found within one judging period:
+    posting anything (SIGKILL, a crash, ``os._exit`` with a code other than 0:
+    ``ending._os_exit``). Found within one judging period:
     0.2 s for ``tether.spawn``'s launcher (whose process sentinel usually fires first),
     0.5 s for a rank's keeper (under torchrun the agent's SIGTERM, 0.1 s after the death,
     usually makes the survivors judge at once: ``Watchdog.sweep``).
