@@ -109,7 +109,7 @@ def test_under_torchrun_a_sigkilled_rank_is_found_within_1_s(tmp_path: Any) -> N
 @pytest.mark.timeout(180)
 def test_a_rank_stopped_by_its_own_sigterm_does_not_blame_a_peer_that_holds_the_gil() -> None:
     # the stop is rank 0's own: rank 1, silent 4 s in one C call, is alive on this host.
-    # Before, rank 0 posted it lost after 1 s without an answer (seen once in a full run,
+    # Before, rank 0 posted it lost after 1 s without an answer (seen once in a fresh clone,
     # with rank 1 merely slow under load: test_resume's stop while rank 0 waits for a part)
     res = torchrun("lifecycle_liveness.py", "sigterm", nproc=2, bound=BOUND)
     assert res.returncode is not None, f"the job did not end within {BOUND} s\n{tail(res)}"
