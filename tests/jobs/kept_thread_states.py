@@ -7,10 +7,12 @@
 own threads have frames), then:
 
 1. two DDP steps, before any collective of tether's: the one bucket settles in a callback
-   on one of gloo's threads. In each step one rank is 0.1 s late, the other's callback
-   waits for it: a rank that arrives last may find its bucket's work done before the
-   callback is attached, and run it on its own thread (a fresh clone's run, 2026-12-06,
-   when the job made one step);
+   on one of gloo's threads. In each step one rank is 0.1 s late to its backward, the
+   other's callback waits for it: a rank that arrives last may find its bucket's work done
+   before the callback is attached, and run it on its own thread (a fresh clone's run,
+   2026-12-06, when the job made one step). The delay comes after the forward: step 1's
+   forward broadcasts DDP's rebuilt bucket order, which brings the ranks level again (a
+   fresh clone's run, 2026-12-06, with the delay before it: rank 0 kept no state);
 2. 21 ``all_reduce`` (rank 1 0.3 s late to the first, so that rank 0's wait outlasts its
    first 5 ms and wakes on the completion callback): ``Keeper`` hands each a callback
    until every gloo thread of the rank has kept its state.
@@ -80,9 +82,10 @@ def fn(local_rank: int) -> None:
     assert isinstance(model, DistributedDataParallel)
     for step in range(2):
         model.zero_grad()
-        if rank == step:
+        loss = model(torch.full((2, 4), 0.1 * (rank + 1))).sum()
+        if rank == step:  # after the forward: step 1's syncs the ranks (DDP's bucket rebuild)
             time.sleep(0.1)
-        model(torch.full((2, 4), 0.1 * (rank + 1))).sum().backward()
+        loss.backward()
     time.sleep(0.2)  # gloo's thread has long left the callback: a state it did not keep is gone
     grad = float(model.module.weight.grad[0, 0])
     emit("states", rank=rank, at="ddp", frameless=frameless_states(), grad=grad)
