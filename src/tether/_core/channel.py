@@ -287,15 +287,15 @@ class Channel:
         For a failure posted by another rank than the one it names (a timeout's staller,
         posted by a rank that waited for it): the report says where to look.
         """
-        found = self._registered(client).get(rank)
+        found = self.registered(client).get(rank)
         return None if found is None else (found[0], found[2])
 
     def host_pids(self, host: str, pidns: str, client: Store | None = None) -> dict[int, int]:
         """rank -> pid of the ranks registered so far on ``host`` in pid namespace ``pidns``,
         the ranks whose pids mean the same here (one store read)."""
-        return {r: pid for r, (h, ns, pid) in self._registered(client).items() if (h, ns) == (host, pidns)}
+        return {r: pid for r, (h, ns, pid) in self.registered(client).items() if (h, ns) == (host, pidns)}
 
-    def _registered(self, client: Store | None = None) -> dict[int, tuple[str, str, int]]:
+    def registered(self, client: Store | None = None) -> dict[int, tuple[str, str, int]]:
         """rank -> (host, pid namespace, pid) of every rank registered so far."""
         store, key = client or self._store, self.key("placed")
         if not store.check([key]):

@@ -132,6 +132,10 @@ def _os_exit(pid: int, real_exit: Callable[[int], NoReturn], code: int) -> NoRet
     The record takes a store operation or two, on a thread of its own, given
     ``LEAVE_WITHIN`` seconds: a store that does not answer never holds the exit. Any other
     code, and a forked child (``pid`` is the rank's), exit at once, as before.
+
+    The store's host (``env://``'s rank 0) then stays until every rank has left, as at its
+    other exits (``_outlive_job``): its exit took the store with it, and a peer at work was
+    ended with ``StoreLost`` (``tests/test_host_leaves_first.py``).
     """
     ctx = context.peek()
     if code == 0 and os.getpid() == pid and ctx is not None and ctx.channel is not None and ctx.watchdog is not None:
@@ -139,6 +143,9 @@ def _os_exit(pid: int, real_exit: Callable[[int], NoReturn], code: int) -> NoRet
         recorder = threading.Thread(target=_record_leave, args=(ctx,), name="tether-os-exit", daemon=True)
         recorder.start()
         recorder.join(LEAVE_WITHIN)
+        if _stays_for_peers(ctx):
+            with contextlib.suppress(BaseException):  # a signal in the wait: the exit asked for
+                _outlive_job(ctx)
     real_exit(code)
 
 
@@ -181,8 +188,47 @@ def _record_leave(ctx: Context, lingers: bool = False) -> None:
     assert ctx.channel is not None and ctx.watchdog is not None
     with contextlib.suppress(Exception):
         if not ctx.left and not ctx.failed and not ctx.watchdog.store_going:
-            ctx.channel.leave(ctx.leaving, ctx.seqs, lingers)
-            ctx.left = True
+            _mark_left(ctx, lingers)
+
+
+def _mark_left(ctx: Context, lingers: bool = False) -> None:
+    """Record ``ctx.leaving``; the last rank to leave also marks that every rank has."""
+    assert ctx.channel is not None and ctx.store is not None
+    if ctx.channel.leave(ctx.leaving, ctx.seqs, lingers) == ctx.channel.world_size:
+        ctx.store.set(ctx.channel.key("left", "all"), "1")
+    ctx.left = True
+
+
+def _stays_for_peers(ctx: Context) -> bool:
+    """Whether this rank, leaving without ``finalize``, hosts the store and waits for the
+    others to leave: only if every rank registered, so that each either leaves or is found
+    lost by a judge (a rank of an adopted group that never called tether does neither)."""
+    assert ctx.channel is not None
+    with contextlib.suppress(Exception):
+        return ctx.hosts_store and ctx.left and len(ctx.channel.registered()) == ctx.channel.world_size
+    return False
+
+
+def _outlive_job(ctx: Context) -> None:
+    """The store's host waits until every rank has left (or the job failed), then says it
+    is closing the store and waits (up to 2 s) until each rank that left in ``finalize``
+    has seen that (``_leave``).
+
+    Its store goes with its process: a peer still at work (a final save, an evaluation)
+    would lose it, raising ``StoreLost`` where it needs the store next, its ``finalize``
+    included. Ranks that left otherwise (at exit, by ``os._exit(0)``) do not look: the host
+    waited 2 s for each such at its ``finalize``, for nothing.
+    """
+    assert ctx.store is not None and ctx.channel is not None and ctx.watchdog is not None
+    done, closing, seen, waiting = (ctx.channel.key("left", k) for k in ("all", "closing", "seen", "waiting"))
+    while ctx.watchdog.failure is None:
+        if wait_keys(ctx.store, [done], 0.5, step=0.01):
+            break
+    ctx.store.set(closing, "1")
+    looking = int(ctx.store.add(waiting, 0))
+    deadline = time.monotonic() + 2.0
+    while int(ctx.store.add(seen, 0)) < looking and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _at_exit() -> None:
@@ -209,7 +255,10 @@ def _at_exit() -> None:
             _end_stopped(hooks, behind, stop)  # ends the process
             return
         ctx.leaving = "exited without finalize()"
-        retire(ctx, leave=True)
+        _record_leave(ctx)
+        if _stays_for_peers(ctx):
+            _outlive_job(ctx)
+        retire(ctx)
         if ctx.failed and ctx.owns_group:
             # as finalize() after a failure: NCCL's communicators aborted (within ABORT_BUDGET)
             # before Python's teardown (seen on a GPU, a plain process: a rank that raised
@@ -314,18 +363,14 @@ def _leave(ctx: Context) -> None:
     new one for good.
     """
     assert ctx.channel is not None and ctx.store is not None and ctx.watchdog is not None
-    done, closing, seen = (ctx.channel.key("left", k) for k in ("all", "closing", "seen"))
-    if ctx.channel.leave(ctx.leaving, ctx.seqs) == ctx.channel.world_size:
-        ctx.store.set(done, "1")
+    closing, seen = (ctx.channel.key("left", k) for k in ("closing", "seen"))
+    waits = _waits_for_host(ctx)
+    if waits:
+        ctx.store.add(ctx.channel.key("left", "waiting"), 1)  # before its leave: counted by the host
+    _mark_left(ctx)
     if ctx.hosts_store:
-        while ctx.watchdog.failure is None:  # the host outlives the job, or its store would vanish
-            if wait_keys(ctx.store, [done], 0.5, step=0.01):
-                break
-        ctx.store.set(closing, "1")
-        deadline = time.monotonic() + 2.0
-        while int(ctx.store.add(seen, 0)) < ctx.channel.world_size - 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
-    elif _waits_for_host(ctx):
+        _outlive_job(ctx)
+    elif waits:
         retire(ctx)
         if wait_keys(ctx.store, [closing], 5.0, step=0.005):
             probe = StoreProbe(ctx.store)  # opened while the store is surely there
