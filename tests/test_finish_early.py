@@ -3,7 +3,8 @@
 Rank 1 finishes (returns, ``sys.exit(0)``, ``finalize()``) while rank 0 waits for it in a
 barrier or an all_reduce. Rank 0 raises ``PeerFinished`` saying how rank 1 finished and
 where rank 0 waits, within the bound: the first check comes 0.5 s into a wait
-(``waits.LEFT_CHECK_AFTER``), then every keeper period (0.5 s).
+(``waits.LEFT_CHECK_AFTER``), then every keeper period (0.5 s). Last, the victim's wait
+for a finished peer's exit (``hooks.after_finished_peer``) against a real child process.
 """
 
 from __future__ import annotations
@@ -130,3 +131,37 @@ def test_uneven_data_under_join_trains_in_step_and_ends_without_a_warning() -> N
     assert weights[0]["weights"] == weights[1]["weights"]  # rank 0 shadowed rank 1's last steps
     assert "tether:" not in res.stderr, res.stderr[-3000:]
     assert res.leftovers == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("pidns", "waits"), [("ours", True), ("pid:[1]", False)])
+def test_a_victim_waits_for_a_finished_peers_exit_only_in_its_own_pid_namespace(pidns: str, waits: bool) -> None:
+    # A victim of a peer that finished on its host waits (up to hooks.FINISHING, 5 s) for
+    # the peer's process to end before it exits. The peer's pid names that process only in
+    # its own pid namespace: a pod sharing the host's name (hostNetwork) has another, where
+    # the pid names some other process or none. Matched by host name alone, the victim
+    # waited for an unrelated process here (this test's second case, before the fix).
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from tether._core.hooks import after_finished_peer
+    from tether._core.liveness import pid_namespace
+    from tether._core.record import KIND_FINISHED, error_from_record, lost_record
+
+    ours = pid_namespace()
+    if not ours:
+        pytest.skip("/proc does not name this process's pid namespace")
+    peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    try:
+        record = lost_record(
+            1, "it returned", 0, kind=KIND_FINISHED, exc_type="Finished", pid=peer.pid, host=socket.gethostname()
+        )
+        record.detail["pidns"] = ours if pidns == "ours" else pidns
+        started = time.monotonic()
+        after_finished_peer(error_from_record(record))
+        waited = time.monotonic() - started
+    finally:
+        peer.wait()
+    assert (waited >= 0.3) if waits else (waited < 0.2), waited

@@ -64,6 +64,7 @@ from typing import Any
 from ..errors import ExitCode, PeerFinished, TetherError
 from . import descendants
 from .beater import process_state
+from .liveness import pid_namespace
 from .record import first_line
 
 _ending = threading.Event()  # an owned process's excepthook runs the exit functions, then ``os._exit``
@@ -255,8 +256,8 @@ def after_finished_peer(shown: BaseException) -> None:
         return
     if shown.record.detail.get("lingers"):
         return  # a non-daemon thread keeps it alive: the launcher's stop is what ends it
-    if shown.host != socket.gethostname():
-        return
+    if (shown.host, shown.record.detail.get("pidns", "")) != (socket.gethostname(), pid_namespace()):
+        return  # its pid names another process here, or none (a container sharing the host's name)
     deadline = time.monotonic() + FINISHING
     while process_state(shown.pid) is not None and time.monotonic() < deadline:
         time.sleep(0.01)

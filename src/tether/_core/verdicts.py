@@ -231,7 +231,9 @@ def finished_record(
     assert ctx.channel is not None
     me = ctx.channel.rank
     message = f"it {how} while rank {me} waits in {call}"
-    record = lost_record(rank, message, me, kind=KIND_FINISHED, exc_type="Finished", **_placed(ctx, rank, client))
+    host, pidns, pid = ctx.channel.registered(client).get(rank) or ("", "", 0)
+    record = lost_record(rank, message, me, kind=KIND_FINISHED, exc_type="Finished", host=host, pid=pid)
+    record.detail["pidns"] = pidns  # its pid means the same process only in that namespace
     if lingers:
         record.detail["lingers"] = True
     return record
