@@ -234,8 +234,9 @@ def _outlive_job(ctx: Context) -> None:
 def _at_exit() -> None:
     """Before Python's teardown: no tether thread may still be inside a torch call.
 
-    A process that never called ``finalize`` retires its context here, and after a failure
-    aborts its NCCL communicators as ``finalize`` would. One that a SIGTERM
+    A process that never called ``finalize`` retires its context here (the store's host
+    first waits until every rank has left, as in ``finalize``: ``_outlive_job``), and after
+    a failure aborts its NCCL communicators as ``finalize`` would. One that a SIGTERM
     is ending (``Terminated`` reached the top) posts the stop, as ``finalize`` would,
     rather than a clean exit, and an owned one then ends at once (see ``_end_stopped``).
     Then, unless no teardown follows (an owned process's excepthook runs this before
@@ -256,9 +257,11 @@ def _at_exit() -> None:
             return
         ctx.leaving = "exited without finalize()"
         _record_leave(ctx)
-        if _stays_for_peers(ctx):
-            _outlive_job(ctx)
-        retire(ctx)
+        try:
+            if _stays_for_peers(ctx):
+                _outlive_job(ctx)
+        finally:  # a Ctrl-C in the host's wait still retires the context
+            retire(ctx)
         if ctx.failed and ctx.owns_group:
             # as finalize() after a failure: NCCL's communicators aborted (within ABORT_BUDGET)
             # before Python's teardown (seen on a GPU, a plain process: a rank that raised
