@@ -171,7 +171,10 @@ def wait_all(procs: dict[str, subprocess.Popen[bytes]], bound: float) -> dict[st
     """Wait for every process (name -> process) until ``bound`` seconds; kill the rest.
 
     Emits ``LC {"event": "exit", "name": ..., "code": ...}`` per process (code None: it was
-    still running at the bound and was killed).
+    still running at the bound and was killed). A process past the bound first gets SIGABRT,
+    so that faulthandler (``PYTHONFAULTHANDLER``, inherited from the harness) writes each of
+    its threads' Python stack to its stderr: where it hung (a rank killed at the bound of a
+    fresh clone's run left no word of it, 2026-12-06).
     """
     deadline = time.monotonic() + bound
     codes: dict[str, int | None] = {}
@@ -182,8 +185,12 @@ def wait_all(procs: dict[str, subprocess.Popen[bytes]], bound: float) -> dict[st
             codes[name] = None
     for name, proc in procs.items():
         if codes[name] is None:
-            proc.kill()
-            proc.wait()
+            proc.send_signal(signal.SIGABRT)
+            try:
+                proc.wait(timeout=3.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         emit("exit", name=name, code=codes[name])
     return codes
 
