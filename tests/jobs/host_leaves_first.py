@@ -9,11 +9,12 @@ launcher hosts it). After one barrier rank 0 leaves by HOW, without ``finalize``
 ``WORK`` seconds (a final save: no peer needed), then does AFTER: ``finalize`` (it ends
 cleanly) or ``barrier`` (it waits for rank 0, who has left: ``PeerFinished``).
 
-    python host_leaves_first.py adopted
+    python host_leaves_first.py adopted [finalize]
 
-A group the user made (``dist.init_process_group``) where only rank 0 ever calls tether:
-rank 1 never registers, so nothing would tell rank 0 that it left. Rank 0 must not wait
-for it at exit (its process ends within ``ADOPTED_EXIT_WITHIN``), and rank 1, which never
+A group the user made (``dist.init_process_group``) where only rank 0 ever calls tether
+(with ``finalize``: both ranks call ``tether.finalize()`` at the end, which for rank 1,
+never adopted, does nothing): rank 1 never registers, so nothing would tell rank 0 that it
+left. Rank 0 must not wait for it, at exit or in its ``finalize``, and rank 1, which never
 needs the store again, ends cleanly too.
 
 The parent prints ``LC {"event": "ended", "rank": r, "time": ...}`` as each rank's process
@@ -31,7 +32,6 @@ from pathlib import Path
 from lifecycle_common import emit, free_port, raised, start
 
 WORK = 3.0  # seconds rank 1 works after rank 0 left
-ADOPTED_EXIT_WITHIN = 10.0
 BOUND = 60.0
 
 
@@ -61,23 +61,27 @@ def rank_main(how: str, after: str, rank: int) -> None:
         raise
 
 
-def adopted_main(rank: int) -> None:
+def adopted_main(after: str, rank: int) -> None:
     import torch.distributed as dist
+
+    import tether
 
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2)
     if rank == 0:
-        import tether
-
         emit("adopted", rank=rank, world=tether.get_world_size(), time=time.time())
+        if after == "finalize":
+            tether.finalize()
         return  # at exit: tether's context retires; rank 1 never registered
-    time.sleep(WORK)  # no tether, no store
+    if after == "finalize":
+        tether.finalize()  # no context: nothing to leave
+    time.sleep(WORK)  # no store needed
 
 
 def main() -> None:
     if sys.argv[1] == "rank":  # host_leaves_first.py rank HOW AFTER RANK
         how, after, rank = sys.argv[2], sys.argv[3], int(sys.argv[4])
         if how == "adopted":
-            adopted_main(rank)
+            adopted_main(after, rank)
         else:
             rank_main(how, after, rank)
         return

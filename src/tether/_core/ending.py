@@ -143,7 +143,7 @@ def _os_exit(pid: int, real_exit: Callable[[int], NoReturn], code: int) -> NoRet
         recorder = threading.Thread(target=_record_leave, args=(ctx,), name="tether-os-exit", daemon=True)
         recorder.start()
         recorder.join(LEAVE_WITHIN)
-        if _stays_for_peers(ctx):
+        if ctx.hosts_store and ctx.left:
             with contextlib.suppress(BaseException):  # a signal in the wait: the exit asked for
                 _outlive_job(ctx)
     real_exit(code)
@@ -199,16 +199,6 @@ def _mark_left(ctx: Context, lingers: bool = False) -> None:
     ctx.left = True
 
 
-def _stays_for_peers(ctx: Context) -> bool:
-    """Whether this rank, leaving without ``finalize``, hosts the store and waits for the
-    others to leave: only if every rank registered, so that each either leaves or is found
-    lost by a judge (a rank of an adopted group that never called tether does neither)."""
-    assert ctx.channel is not None
-    with contextlib.suppress(Exception):
-        return ctx.hosts_store and ctx.left and len(ctx.channel.registered()) == ctx.channel.world_size
-    return False
-
-
 def _outlive_job(ctx: Context) -> None:
     """The store's host waits until every rank has left (or the job failed), then says it
     is closing the store and waits (up to 2 s) until each rank that left in ``finalize``
@@ -218,10 +208,15 @@ def _outlive_job(ctx: Context) -> None:
     would lose it, raising ``StoreLost`` where it needs the store next, its ``finalize``
     included. Ranks that left otherwise (at exit, by ``os._exit(0)``) do not look: the host
     waited 2 s for each such at its ``finalize``, for nothing.
+
+    Only where every rank registered, so that each either leaves or is found lost by a
+    judge: a rank of a group the user made that never called tether does neither (its
+    ``finalize`` has no context to leave), and the host's ``finalize`` waited for it for good.
     """
     assert ctx.store is not None and ctx.channel is not None and ctx.watchdog is not None
     done, closing, seen, waiting = (ctx.channel.key("left", k) for k in ("all", "closing", "seen", "waiting"))
-    while ctx.watchdog.failure is None:
+    known = len(ctx.channel.registered()) == ctx.channel.world_size
+    while known and ctx.watchdog.failure is None:
         if wait_keys(ctx.store, [done], 0.5, step=0.01):
             break
     ctx.store.set(closing, "1")
@@ -258,7 +253,7 @@ def _at_exit() -> None:
         ctx.leaving = "exited without finalize()"
         _record_leave(ctx)
         try:
-            if _stays_for_peers(ctx):
+            if ctx.hosts_store and ctx.left:
                 _outlive_job(ctx)
         finally:  # a Ctrl-C in the host's wait still retires the context
             retire(ctx)
