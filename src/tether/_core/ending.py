@@ -308,7 +308,8 @@ def finalize() -> None:
 
     On the happy path the rank records that it left and destroys its process group (also
     a group it adopted, as ignite does); the store's host waits until every rank has
-    left, so no rank loses the store early. After a failure it stops the watchdog's
+    left (where every rank registered: ``_outlive_job``), so no rank loses the store
+    early. After a failure it stops the watchdog's
     threads, disarms the ladder, and aborts (NCCL) or drops the process group instead of
     destroying it, which can block on a dead peer; the process may go on (a handled
     ``PeerFailure``) and is not ended by tether.
