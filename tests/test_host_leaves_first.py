@@ -19,7 +19,7 @@ from _harness import Result, python
 
 BOUND = 60.0
 NOTICE_S = 3.0  # 0.5 s before the first check of finished ranks + a keeper period, with slack
-WORK = 3.0  # as host_leaves_first.WORK
+WORK = 6.0  # seconds rank 1 works on: past ending.NOTE_AFTER, so the host says why it stays
 
 pytestmark = pytest.mark.timeout(BOUND + 60)
 
@@ -35,7 +35,7 @@ def ended(res: Result) -> dict[int, dict[str, float]]:
 # call sites), the other under --full
 @pytest.mark.parametrize("how", ["os-exit0", pytest.param("return", marks=pytest.mark.full)])
 def test_a_store_host_that_leaves_first_keeps_the_store_until_its_peer_finalized(how: str) -> None:
-    res = python("host_leaves_first.py", how, "finalize", bound=BOUND)
+    res = python("host_leaves_first.py", how, "finalize", bound=BOUND, env={"HOST_FIRST_WORK": str(WORK)})
     assert res.returncode == 0, res.output[-3000:]
     (worked,) = events(res, "worked")
     assert worked["seconds"] >= WORK, worked
@@ -45,6 +45,9 @@ def test_a_store_host_that_leaves_first_keeps_the_store_until_its_peer_finalized
     # the host's process ended only once its peer had left, in its finalize
     assert ends[0]["time"] >= worked["time"], (ends, worked)
     assert not [s for s in res.stderr.splitlines() if any(h in s for h in HARM)], res.stderr[-3000:]
+    # and says why its process lives on, once
+    note = "tether: rank 0 hosts the job's store and stays until every rank has finished"
+    assert res.stderr.count(note) == 1 and "still working: rank(s) 1" in res.stderr, res.stderr[-3000:]
     assert res.leftovers == []
 
 
@@ -77,6 +80,6 @@ def test_a_store_host_does_not_wait_for_a_rank_that_never_called_tether(after: s
     (adopted,) = events(res, "adopted")
     assert adopted["world"] == 2, adopted
     ends = ended(res)
-    # rank 1 sleeps WORK seconds and never leaves in tether's sense: rank 0 went before it
+    # rank 1 sleeps 3 s (the job's default) and never leaves in tether's sense: rank 0 went before it
     assert ends[0]["code"] == 0 and ends[0]["time"] < ends[1]["time"], ends
     assert res.leftovers == []

@@ -6,7 +6,8 @@ Two rank processes on ``env://`` (``tether.initialize``): rank 0 hosts the store
 plain ``python train.py`` job's rank 0 does (under torchrun and ``tether.spawn`` the
 launcher hosts it). After one barrier rank 0 leaves by HOW, without ``finalize``:
 ``os-exit0`` (``os._exit(0)``) or ``return`` (its script ends). Rank 1 works on for
-``WORK`` seconds (a final save: no peer needed), then does AFTER: ``finalize`` (it ends
+``WORK`` seconds (``HOST_FIRST_WORK``, 3 by default: a final save, no peer needed), then
+does AFTER: ``finalize`` (it ends
 cleanly) or ``barrier`` (it waits for rank 0, who has left: ``PeerFinished``).
 
     python host_leaves_first.py adopted [finalize]
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from lifecycle_common import emit, free_port, raised, start
 
-WORK = 3.0  # seconds rank 1 works after rank 0 left
+WORK = float(os.environ.get("HOST_FIRST_WORK", "3"))  # seconds rank 1 works after rank 0 left
 BOUND = 60.0
 
 

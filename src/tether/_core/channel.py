@@ -370,6 +370,13 @@ class Channel:
         data = json.loads(store.get(key).decode())
         return str(data["state"]), float(data["budget"])
 
+    def left(self, client: Store | None = None) -> set[int]:
+        """The ranks that finished cleanly (one store read)."""
+        store, key = client or self._store, self.key("left", "ranks")
+        if not store.check([key]):
+            return set()
+        return {int(item) for item in store.get(key).decode().split(",") if item}
+
     def finished(self, client: Store | None = None) -> dict[int, tuple[str, dict[str, int], bool]]:
         """The ranks that finished cleanly: rank -> (how, last sync number per group, lingers)."""
         store, key = client or self._store, self.key("left", "ranks")

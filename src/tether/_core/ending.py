@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import functools
 import logging
+import math
 import os
 import signal
 import sys
@@ -216,14 +217,36 @@ def _outlive_job(ctx: Context) -> None:
     assert ctx.store is not None and ctx.channel is not None and ctx.watchdog is not None
     done, closing, seen, waiting = (ctx.channel.key("left", k) for k in ("all", "closing", "seen", "waiting"))
     known = len(ctx.channel.registered()) == ctx.channel.world_size
+    note_at = time.monotonic() + NOTE_AFTER
     while known and ctx.watchdog.failure is None:
         if wait_keys(ctx.store, [done], 0.5, step=0.01):
             break
+        if time.monotonic() >= note_at:
+            note_at = math.inf
+            _note_staying(ctx)
     ctx.store.set(closing, "1")
     looking = int(ctx.store.add(waiting, 0))
     deadline = time.monotonic() + 2.0
     while int(ctx.store.add(seen, 0)) < looking and time.monotonic() < deadline:
         time.sleep(0.005)
+
+
+NOTE_AFTER = 5.0  # seconds the store's host waits for the others before it says why, once
+
+
+def _note_staying(ctx: Context) -> None:
+    """Say once why this process has not ended: it hosts the store, and ranks still work."""
+    assert ctx.channel is not None
+    with contextlib.suppress(Exception):
+        left, me = ctx.channel.left(), ctx.channel.rank
+        working = [r for r in range(ctx.channel.world_size) if r not in left and r != me]
+        shown = ", ".join(map(str, working[:8])) + (f", ... ({len(working)} in all)" if len(working) > 8 else "")
+        log.warning(
+            "tether: rank %d hosts the job's store and stays until every rank has finished, so that none "
+            "loses it; still working: rank(s) %s",
+            me,
+            shown,
+        )
 
 
 def _at_exit() -> None:
