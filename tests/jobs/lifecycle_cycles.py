@@ -67,9 +67,14 @@ def one_round(kind: str, init_method: str | None, rank: int, k: int) -> dict[str
     if kind == "user":
         if rank == 0:
             time.sleep(float(os.environ.get("LIFECYCLE_SLOW_HOST", "0")))  # the host destroys late
+        t = time.monotonic()
         dist.destroy_process_group()
     else:
+        t = time.monotonic()
         tether.finalize()
+    # how long the rank's end of the round took: a rank that waits for the host's old store
+    # to close takes at least LIFECYCLE_SLOW_HOST (a failure's story, when it comes again)
+    out["ended_in"] = round(time.monotonic() - t, 3)
     out["after_world"], out["after_rank"] = tether.get_world_size(), tether.get_rank()
     return out
 
