@@ -39,7 +39,7 @@ def test_a_store_host_that_leaves_first_keeps_the_store_until_its_peer_finalized
     assert res.returncode == 0, res.output[-3000:]
     (worked,) = events(res, "worked")
     assert worked["seconds"] >= WORK, worked
-    (finalized,) = events(res, "finalized")
+    assert len(events(res, "finalized")) == 1, res.output[-3000:]  # rank 1's finalize returned
     ends = ended(res)
     assert (ends[0]["code"], ends[1]["code"]) == (0, 0), ends
     # the host's process ended only once its peer had left, in its finalize

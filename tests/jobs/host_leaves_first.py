@@ -7,8 +7,8 @@ plain ``python train.py`` job's rank 0 does (under torchrun and ``tether.spawn``
 launcher hosts it). After one barrier rank 0 leaves by HOW, without ``finalize``:
 ``os-exit0`` (``os._exit(0)``) or ``return`` (its script ends). Rank 1 works on for
 ``WORK`` seconds (``HOST_FIRST_WORK``, 3 by default: a final save, no peer needed), then
-does AFTER: ``finalize`` (it ends
-cleanly) or ``barrier`` (it waits for rank 0, who has left: ``PeerFinished``).
+does AFTER: ``finalize`` (it ends cleanly) or ``barrier`` (it waits for rank 0, who has
+left: ``PeerFinished``).
 
     python host_leaves_first.py adopted [finalize]
 
