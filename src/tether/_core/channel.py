@@ -379,14 +379,11 @@ class Channel:
 
     def finished(self, client: Store | None = None) -> dict[int, tuple[str, dict[str, int], bool]]:
         """The ranks that finished cleanly: rank -> (how, last sync number per group, lingers)."""
-        store, key = client or self._store, self.key("left", "ranks")
-        if not store.check([key]):
-            return {}
+        store = client or self._store
         found = {}
-        for item in store.get(key).decode().split(","):
-            if item:
-                done = self.done(int(item), store) or ""
-                info = json.loads(done[len("left ") :]) if done.startswith("left {") else {}
-                how, seqs = str(info.get("how", "finished")), dict(info.get("seqs", {}))
-                found[int(item)] = (how, seqs, bool(info.get("lingers")))
+        for rank in self.left(store):
+            done = self.done(rank, store) or ""
+            info = json.loads(done[len("left ") :]) if done.startswith("left {") else {}
+            how, seqs = str(info.get("how", "finished")), dict(info.get("seqs", {}))
+            found[rank] = (how, seqs, bool(info.get("lingers")))
         return found
