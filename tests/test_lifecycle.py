@@ -21,17 +21,23 @@ Jobs: ``tests/jobs/lifecycle_cycles.py``, ``lifecycle_disarm.py``, ``lifecycle_s
 from __future__ import annotations
 
 import json
+import logging
 import re
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.distributed import TCPStore
 
 from _core import lc_events as events
 from _core import tail
 from _harness import JOBS, Result, free_port, python, run, torchrun
-from tether._core import lent
+from tether._core import lent, oldstore
+from tether._core.stores import StoreProbe
 
 BOUND = 120.0
 SPAWN_REPORT = "tether: job failed. Root cause: "
@@ -125,12 +131,19 @@ def test_initialize_and_finalize_three_times_in_one_process_on_each_init_method(
     check_cycles(res, METHODS)
 
 
+# rank 0, the env:// store's host, this late in each round's leave: longer than a leaving
+# rank's own wait for the old store to close (``stores.CLOSE_WAIT``, 2 s), so the next
+# round's group must wait for it (``_core/oldstore.py``)
+SLOW_HOST = 2.6
+
+
 @pytest.mark.timeout(90)
 def test_a_rank_reinitializing_on_the_same_port_waits_until_a_slow_hosts_old_store_has_closed() -> None:
     # env:// reuses one port: a rank that returned from finalize before the host closed its
     # store reached the old store in the next round, lost it, and left its peer waiting in
-    # the new one until the job's bound (seen once in CI under load; 0.3 s forces it)
-    res = python("lifecycle_cycles.py", "tether", "env", bound=60.0, env={"LIFECYCLE_SLOW_HOST": "0.3"})
+    # the new one until the job's bound (seen in CI and fresh clones under load; the host
+    # 2.6 s late forces it, and failed every time before oldstore.py)
+    res = python("lifecycle_cycles.py", "tether", "env", bound=60.0, env={"LIFECYCLE_SLOW_HOST": str(SLOW_HOST)})
     check_cycles(res, ("env",))
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
 
@@ -139,9 +152,42 @@ def test_a_rank_reinitializing_on_the_same_port_waits_until_a_slow_hosts_old_sto
 def test_a_rank_reinitializing_on_the_same_port_after_destroy_waits_until_a_slow_hosts_old_store_has_closed() -> None:
     # the same race through the user's own destroy_process_group: rank 1 destroyed and
     # re-initialized at once, reached rank 0's old store, and lost it when rank 0 destroyed
-    # (seen in fresh-clone runs under load; rank 0 destroying 0.3 s later forces it)
-    res = python("lifecycle_cycles.py", "user", "env", bound=60.0, env={"LIFECYCLE_SLOW_HOST": "0.3"})
+    # (seen in fresh-clone runs under load). In round 1 rank 1 is the late one instead: the
+    # host's next store is up on the port by the time rank 1 leaves, and rank 1 must not
+    # take it for the old one (a new connection would reach it) and wait for it to close
+    res = python("lifecycle_cycles.py", "user", "env", bound=60.0, env={"LIFECYCLE_SLOW_HOST": str(SLOW_HOST)})
     check_cycles(res, ("env",))
+    late_peer = [e["ended_in"] for e in events(res, "round") if e["rank"] == 1 and e["round"] == 1]
+    assert (
+        late_peer and late_peer[0] < 1.0
+    ), f"rank 1's destroy after the host's took {late_peer} s: it waited for the host's new store\n{tail(res)}"
+
+
+def test_a_new_group_on_the_port_of_a_store_left_open_waits_until_it_closes_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # in one process, on a real TCPStore: a probe left open (the host later than CLOSE_WAIT)
+    # holds the next group on that port until the store closes, and one on another port not
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    port = server.port
+    probe = StoreProbe.on(socket.create_connection(("127.0.0.1", port)), port)
+    oldstore.leave(probe, bound=0.05)
+    start = time.monotonic()
+    oldstore.before_new_group(port + 1, note_after=0.1)
+    assert time.monotonic() - start < 0.5, "a group on another port waited for the old store"
+    oldstore.leave(StoreProbe.on(socket.create_connection(("127.0.0.1", port)), port), bound=0.05)
+    holder = [server]
+    del server
+    closer = threading.Timer(0.5, holder.clear)  # the last reference: the server shuts down
+    start = time.monotonic()
+    closer.start()
+    with caplog.at_level(logging.WARNING, logger="tether"):
+        oldstore.before_new_group(port, bound=10.0, note_after=0.1)
+    waited = time.monotonic() - start
+    closer.join()
+    assert 0.4 < waited < 5.0, f"waited {waited:.2f} s for a store closed after 0.5 s"
+    notes = [r.getMessage() for r in caplog.records if "last process group" in r.getMessage()]
+    assert len(notes) == 1 and f"port {port}" in notes[0], notes
 
 
 @full  # default: the same rounds on env://, tcp:// and file:// (above)

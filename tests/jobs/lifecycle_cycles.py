@@ -26,7 +26,10 @@ With ``LIFECYCLE_SLOW_HOST=S`` in the environment, rank 0 (the host of the ``env
 sleeps S seconds at the end of each ``finalize``'s farewell, between its peer's last word
 and the store's close, as a loaded machine may (KIND "tether"), or before each
 ``destroy_process_group`` (KIND "user"); the local work after round 0 is skipped. A rank
-that does not wait for the old store to close reaches it on the next round's port.
+that does not wait for the old store to close reaches it on the next round's port. In
+KIND "user", round 1 has rank 1 sleep instead: the host destroys and makes the next
+round's store at once, and rank 1, leaving its group later, must not take that new store
+for its old one and wait for it to close.
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ def one_round(kind: str, init_method: str | None, rank: int, k: int) -> dict[str
     out["waited"] = round(time.monotonic() - t, 3)
     out["gathered"] = tether.all_gather(100 * k + rank)
     if kind == "user":
-        if rank == 0:
-            time.sleep(float(os.environ.get("LIFECYCLE_SLOW_HOST", "0")))  # the host destroys late
+        late = float(os.environ.get("LIFECYCLE_SLOW_HOST", "0"))
+        if rank == (1 if k == 1 else 0):  # the host destroys late, but in round 1 its peer does
+            time.sleep(late)
         t = time.monotonic()
         dist.destroy_process_group()
     else:

@@ -29,12 +29,12 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from ..errors import TetherError
-from . import context, lent
+from . import context, lent, oldstore
 from .channel import wait_keys
 from .context import Context
 from .failures import report_failure
 from .hooks import Hooks, Terminated, ending_without_teardown
-from .stores import CLOSE_WAIT, StoreProbe
+from .stores import StoreProbe
 from .watchdog import join_lingering
 
 log = logging.getLogger("tether")
@@ -67,8 +67,8 @@ def wrap_destroy() -> None:
     Installed once, the first time tether watches a group; it calls torch's own function
     unchanged when tether has no context for the group being destroyed.
 
-    A rank that does not host the store then waits, up to ``CLOSE_WAIT``, until the host's
-    store has closed (as ``_leave`` does in ``finalize``): with ``env://`` a next
+    A rank that does not host the store then waits until the host's store has closed (as
+    ``_leave`` does in ``finalize``; ``oldstore.leave``): with ``env://`` a next
     ``init_process_group`` uses the same port, and a rank that destroyed first and came
     back at once reached the host's old store, which closed under it when the host
     destroyed (torch's own race; seen in fresh-clone runs under load).
@@ -85,15 +85,23 @@ def wrap_destroy() -> None:
         if ctx is not None and ctx.pg is not None and (group is None or group is ctx.pg):
             ctx.leaving = "destroyed its process group"
             if _waits_for_host(ctx) and ctx.store is not None:
-                probe = StoreProbe(ctx.store)  # opened while the store is surely there
+                probe = _copied_probe(ctx) or StoreProbe(ctx.store)  # before retire stops the store watch
             retire(ctx, leave=True)
         original(group)
         if probe is not None:
-            probe.wait_closed(CLOSE_WAIT)
+            oldstore.leave(probe)
 
     dist.destroy_process_group = destroy_process_group
     dist.distributed_c10d.destroy_process_group = destroy_process_group
     _destroy_wrapped = True
+
+
+def _copied_probe(ctx: Context) -> StoreProbe | None:
+    """A probe on the store watch's copy of its connection, made while the group lived:
+    surely the old store's (``oldstore.py``); None where no watch asks the store."""
+    watch = ctx.watchdog.store_answers if ctx.watchdog is not None else None
+    copied = watch.take_copy() if watch is not None else None
+    return StoreProbe.on(*copied) if copied is not None else None
 
 
 def _waits_for_host(ctx: Context) -> bool:
@@ -378,8 +386,9 @@ def _leave(ctx: Context) -> None:
     still there, then wait (up to 5 s) until the host is about to close it and say they
     have seen that; the host waits (up to 2 s) for those acknowledgements. So no tether
     connection is in use when the store closes (torch logs a warning for each that is).
-    Each of the others then waits (up to ``CLOSE_WAIT``) until the host's store has closed,
-    seen on a bare TCP connection (``stores.StoreProbe``): a next ``initialize`` on the same port
+    Each of the others then waits until the host's store has closed, seen on a bare TCP
+    connection (``stores.StoreProbe``; ``oldstore.leave``: up to ``CLOSE_WAIT`` here, the
+    rest before a next group on the same port): a next ``initialize`` on the same port
     (``env://``) must not reach the old store on its way out. On a loaded machine a rank
     that returned at once did: the old store closed under it, and its peer waited in the
     new one for good.
@@ -393,8 +402,10 @@ def _leave(ctx: Context) -> None:
     if ctx.hosts_store:
         _outlive_job(ctx)
     elif waits:
+        probe = _copied_probe(ctx)  # before retire stops the store watch
         retire(ctx)
         if wait_keys(ctx.store, [closing], 5.0, step=0.005):
-            probe = StoreProbe(ctx.store)  # opened while the store is surely there
+            probe = probe or StoreProbe(ctx.store)  # opened while the store is surely there
             ctx.store.add(seen, 1)
-            probe.wait_closed(CLOSE_WAIT)
+        if probe is not None:
+            oldstore.leave(probe)

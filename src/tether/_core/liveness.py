@@ -380,6 +380,9 @@ class StoreAnswerWatch:
         self._reporter = reporter
         self._silent_after = silent_after
         self._record: FailureRecord | None = None
+        # the same connection on a second fd, kept past ``close`` for the rank's leave: it is
+        # surely the group's own store's (``oldstore.py``), whatever listens on the port by then
+        self._copy = ping.copy_connection()
 
     def check(self) -> FailureRecord | None:
         """One look; the loss, once, when the store has been silent for ``silent_after``."""
@@ -405,6 +408,18 @@ class StoreAnswerWatch:
     def seen_silent(self) -> FailureRecord | None:
         """The loss, if this watch found it (asked by a rank whose store connection was cut)."""
         return self._record
+
+    def take_copy(self) -> tuple[socket.socket, int] | None:
+        """The copy of the ping's connection, with the store's port (``stores.StoreProbe.on``);
+        the caller closes it. None once taken or dropped."""
+        copy, self._copy = self._copy, None
+        return copy
+
+    def drop_copy(self) -> None:
+        copy, self._copy = self._copy, None
+        if copy is not None:
+            with contextlib.suppress(OSError):
+                copy[0].close()
 
     def close(self) -> None:
         if self._ping is not None:

@@ -34,7 +34,7 @@ from .._checks import to_timedelta
 from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
 from ..errors import TetherError
-from . import beater, context, funcol, nccl, rawcalls, storewaits
+from . import beater, context, funcol, nccl, oldstore, rawcalls, storewaits
 from .channel import Channel, clone, generation, has_queues
 from .context import Context
 from .ending import register_atexit, retire, wrap_destroy
@@ -270,6 +270,7 @@ def _watch(
     if pg is not None:
         ctx.hooks.install()  # else ``start`` installs them once the group exists
     wrap_destroy()
+    oldstore.wrap_init()
     rawcalls.install()
     storewaits.install()
     funcol.install()
@@ -342,6 +343,7 @@ def initialize(backend: str, **kwargs: Any) -> None:
         )
         return
     hosts = topo.rank == 0 and not launch_env.use_agent_store
+    oldstore.before_new_group(launch_env.master_port)
     store = TCPStore(
         launch_env.master_addr,
         launch_env.master_port,

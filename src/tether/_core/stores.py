@@ -11,6 +11,7 @@ import datetime
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable
 
 from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
@@ -91,22 +92,52 @@ class StoreProbe:
     file. A store that is not a ``TCPStore`` (``file://``) gets no probe, and no wait; a
     ``PrefixStore`` (a user's group: ``init_process_group`` wraps its store) is probed at
     the ``TCPStore`` beneath.
+
+    ``StoreProbe(store)`` connects now, to whatever server listens on the store's port by
+    then. ``StoreProbe.on(connection, port)`` takes a connection made while the group
+    lived (a copy of ``StorePing``'s): surely the old store's, even after a new server
+    took the port (``surely_old``; see ``oldstore.py``).
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store | None) -> None:
         self._sock: socket.socket | None = None
-        address = server_address(store)
+        self.surely_old = False
+        address = server_address(store) if store is not None else None
+        self.port = address[1] if address is not None else None
         if address is not None:
             with contextlib.suppress(OSError):
                 self._sock = socket.create_connection(address, timeout=1.0)
 
-    def wait_closed(self, bound: float) -> None:
-        if self._sock is None:
-            return
-        with self._sock:
-            self._sock.settimeout(bound)
-            with contextlib.suppress(OSError):  # a timeout too: then go on, as before
-                self._sock.recv(1)
+    @classmethod
+    def on(cls, connection: socket.socket, port: int) -> StoreProbe:
+        probe = cls(None)
+        probe._sock, probe.port, probe.surely_old = connection, port, True
+        return probe
+
+    def wait_closed(self, bound: float) -> bool:
+        """Whether the server closed the connection within ``bound`` seconds (True with no
+        probe). The probe is closed once the server has; after a timeout it stays open."""
+        sock = self._sock
+        if sock is None:
+            return True
+        deadline = time.monotonic() + bound
+        try:
+            while True:  # a copy of StorePing's connection may still get a PING's answer
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                if not sock.recv(64):
+                    break
+        except TimeoutError:
+            return False
+        except OSError:
+            pass
+        self.close()
+        return True
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
 
 
 class StorePing:
@@ -127,6 +158,7 @@ class StorePing:
     """
 
     answers = False
+    port: int | None = None
 
     def __init__(self, store: Store, clock: Callable[[], float], timeout: float = 2.0) -> None:
         self._sock: socket.socket | None = None
@@ -137,6 +169,7 @@ class StorePing:
         address = server_address(store)
         if address is None:
             return
+        self.port = address[1]
         try:
             self._sock = connect(*address, timeout=timeout)
         except OSError:
@@ -172,6 +205,16 @@ class StorePing:
             self.close()
             return None
         return 0.0
+
+    def copy_connection(self) -> tuple[socket.socket, int] | None:
+        """The connection on a second fd (``dup``: no second connection to the server), which
+        outlives ``close``, with the store's port; None without a connection."""
+        if self._sock is None or self.port is None:
+            return None
+        try:
+            return self._sock.dup(), self.port
+        except OSError:
+            return None
 
     def close(self) -> None:
         if self._sock is not None:

@@ -243,6 +243,8 @@ class Watchdog:
         for fd in (self._sig_r, self.signal_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if self.store_answers is not None:  # its copy of the store connection, if no leave took it
+            self.store_answers.drop_copy()
 
     # --- the main thread's side -----------------------------------------------------
 
