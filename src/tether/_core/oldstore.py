@@ -33,12 +33,12 @@ import functools
 import logging
 import os
 import threading
-import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.distributed as dist
 
+from .._env import parse_init_method
 from .stores import CLOSE_WAIT, StoreProbe
 
 log = logging.getLogger("tether")
@@ -93,18 +93,17 @@ def before_new_group(port: int | None, bound: float = LATE_CLOSE_WAIT, note_afte
 
 def port_of(init_method: str | None, store: object, env: Mapping[str, str]) -> int | None:
     """The port of the store an ``init_process_group`` call makes, or None (a store the caller
-    made, a file, an address it cannot read)."""
+    made, a file, an address torch will refuse itself)."""
     if store is not None:
         return None
     if init_method is None or init_method.startswith("env://"):
         port = env.get("MASTER_PORT", "")
         return int(port) if port.isdigit() else None
-    if init_method.startswith("tcp://"):
-        try:
-            return urllib.parse.urlparse(init_method).port
-        except ValueError:
-            return None
-    return None
+    try:
+        address = parse_init_method(init_method)
+    except ValueError:
+        return None
+    return address[1] if address is not None else None
 
 
 _init_wrapped = False
