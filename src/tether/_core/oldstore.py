@@ -81,13 +81,14 @@ def before_new_group(port: int | None, bound: float = LATE_CLOSE_WAIT, note_afte
         return
     if probe.wait_closed(note_after):
         return
+    left = max(bound - note_after, 0.0)
     log.warning(
         "tether: this rank waits for the store of its last process group (port %d) to close before it makes "
-        "a new group on the same port: the store's host has not closed it in %.0f s",
+        "a new group on the same port: the store's host (rank 0) has not closed it yet (waiting up to %.0f s more)",
         port,
-        CLOSE_WAIT + note_after,
+        left,
     )
-    probe.wait_closed(max(bound - note_after, 0.0))
+    probe.wait_closed(left)
     probe.close()
 
 
