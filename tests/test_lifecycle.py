@@ -4,7 +4,9 @@
   of ``tether.initialize`` / ``tether.finalize`` in one process pair, on ``env://``, ``tcp://``
   and ``file://`` (and under torchrun, whose agent store outlives every round): every round
   answers right, no rank is killed by an old context while it works locally after a destroy,
-  the logs stay clean, and without a group the getters answer for one process.
+  the logs stay clean, and without a group the getters answer for one process. A store
+  host later than a leaving rank's wait holds that rank's next group on the same port
+  until its old store has closed (``_core/oldstore.py``).
 * ``finalize()`` disarms the ladder: a rank that handled a PeerFailure lives on.
 * ``file://`` for ``tether.spawn`` and ``Parallel``, with a failure contained as usual.
 * A watchdog thread slow to stop (a loaded machine) is waited for before Python's teardown.
