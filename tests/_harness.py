@@ -1,10 +1,12 @@
 """Run a job in its own session, bounded from outside, and check that nothing is left.
 
-Every distributed test starts a fresh interpreter (``python script.py`` or torchrun) as
-the leader of a new session, with a unique ``TETHER_TEST_JOB`` tag in its environment.
-Every process of the job inherits the tag — torchrun's workers too, although torchrun
-starts them in sessions of their own — so the test can find, kill and prove gone every
-process of the job by scanning /proc for the tag.
+Every distributed test starts a job (``python script.py`` or torchrun) as the leader of a
+new session, with a unique ``TETHER_TEST_JOB`` tag in its environment. Every process the
+job starts inherits the tag — torchrun's workers too, although torchrun starts them in
+sessions of their own — so the test can find, kill and prove gone every process of the
+job by its leader's session and by scanning /proc for the tag. The leader is forked from
+a process that has imported torch already (``_zygote``) wherever that starts it as
+``python`` would.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from _zygote import ForkedJob, Zygote
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -79,7 +83,7 @@ def tagged_pids(tag: str) -> list[int]:
     return found
 
 
-def _dump_stacks(tag: str, wait: float = 3.0) -> None:
+def _dump_stacks(tag: str, leader: int, wait: float = 3.0) -> None:
     """Have every process of the job print its threads' Python stacks to its stderr, and end.
 
     Jobs run with ``PYTHONFAULTHANDLER=1``: on SIGABRT, faulthandler writes every thread's
@@ -87,12 +91,12 @@ def _dump_stacks(tag: str, wait: float = 3.0) -> None:
     test output says where each process waited (a --full run's job once hung with no line
     of output at all). Core dumps are turned off first: no core file in the checkout.
     """
-    for pid in tagged_pids(tag):
+    for pid in _job_pids(tag, leader):
         with contextlib.suppress(OSError):  # gone meanwhile, or not ours to limit
             resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
             os.kill(pid, signal.SIGABRT)
     deadline = time.monotonic() + wait
-    while tagged_pids(tag) and time.monotonic() < deadline:  # a stopped process stays: killed below
+    while _job_pids(tag, leader) and time.monotonic() < deadline:  # a stopped process stays: killed below
         time.sleep(0.05)
 
 
@@ -107,32 +111,34 @@ def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle
 
     ``leftovers`` lists processes of the job still alive ``settle`` seconds after the
     leader exited (a launcher's children may take a moment to be reaped); they are
-    killed before this returns.
+    killed before this returns. A job's leader is forked from the zygote where it may be
+    (``_zygote``); every other process of the job starts as the job starts it.
     """
     tag = uuid.uuid4().hex
-    # faulthandler: a job's process that aborts in C++ (SIGABRT, seen once in CI) prints
-    # every thread's Python stack, so the failing test's output says where it was
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {}), "TETHER_TEST_JOB": tag}
+    full_env = {**_base_env(), **(env or {}), "TETHER_TEST_JOB": tag}
     start = time.monotonic()
-    proc = subprocess.Popen(
-        args, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    proc: subprocess.Popen[str] | ForkedJob | None = _zygote().start(args, full_env, str(ROOT))
+    if proc is None:
+        pipe = subprocess.PIPE
+        proc = subprocess.Popen(
+            args, cwd=ROOT, env=full_env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
+        )
     try:
         out, err = proc.communicate(timeout=bound)
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
-        _dump_stacks(tag)
-        _kill(tagged_pids(tag))
+        _dump_stacks(tag, proc.pid)
+        _kill(_job_pids(tag, proc.pid))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         code = None
     elapsed = time.monotonic() - start
     deadline = time.monotonic() + settle
-    left = sorted(set(session_pids(proc.pid)) | set(tagged_pids(tag)))
+    left = _job_pids(tag, proc.pid)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = sorted(set(session_pids(proc.pid)) | set(tagged_pids(tag)))
+        left = _job_pids(tag, proc.pid)
     _kill(left)
     # the job's whole output, into the test's captured stdout, which pytest shows for a
     # failed test only: assertion messages quote a tail of it, and a flake's cause was
@@ -140,6 +146,24 @@ def run(args: list[str], bound: float, env: dict[str, str] | None = None, settle
     print(f"==== job {args[1:]}: exit {code}, {elapsed:.1f} s, left {left}")
     print(f"---- its stdout\n{out}---- its stderr\n{err}---- end of job")
     return Result(code, out, err, elapsed, left)
+
+
+def _job_pids(tag: str, leader: int) -> list[int]:
+    """The job's live processes: its leader's session, and every process carrying its tag
+    (torchrun's workers start sessions of their own; a forked leader's /proc environ is the
+    zygote's, without the tag)."""
+    return sorted(set(session_pids(leader)) | set(tagged_pids(tag)))
+
+
+def _base_env() -> dict[str, str]:
+    # faulthandler: a job's process that aborts in C++ (SIGABRT, seen once in CI) prints
+    # every thread's Python stack, so the failing test's output says where it was
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+
+
+@functools.cache
+def _zygote() -> Zygote:
+    return Zygote(_base_env())
 
 
 def python(
