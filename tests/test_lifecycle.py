@@ -6,7 +6,8 @@
   answers right, no rank is killed by an old context while it works locally after a destroy,
   the logs stay clean, and without a group the getters answer for one process. A store
   host later than a leaving rank's wait holds that rank's next group on the same port
-  until its old store has closed (``_core/oldstore.py``).
+  until its old store has closed (``_core/oldstore.py``). A traceback after several groups
+  has one rank prefix a line, not one per group (``_core/rankprefix.py``).
 * ``finalize()`` disarms the ladder: a rank that handled a PeerFailure lives on.
 * ``file://`` for ``tether.spawn`` and ``Parallel``, with a failure contained as usual.
 * A watchdog thread slow to stop (a loaded machine) is waited for before Python's teardown.
@@ -17,7 +18,7 @@
 
 Jobs: ``tests/jobs/lifecycle_cycles.py``, ``lifecycle_disarm.py``, ``lifecycle_spawn.py``,
 ``lifecycle_interactive.py``, ``lifecycle_stdin.py``, ``lifecycle_teardown.py``,
-``lifecycle_slow_made.py``.
+``lifecycle_slow_made.py``, ``rank_prefix.py``.
 """
 
 from __future__ import annotations
@@ -190,6 +191,17 @@ def test_a_new_group_on_the_port_of_a_store_left_open_waits_until_it_closes_and_
     assert 0.4 < waited < 5.0, f"waited {waited:.2f} s for a store closed after 0.5 s"
     notes = [r.getMessage() for r in caplog.records if "last process group" in r.getMessage()]
     assert len(notes) == 1 and f"port {port}" in notes[0], notes
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["tether", "user", "failed"])
+def test_a_traceback_after_four_groups_in_one_process_has_one_rank_prefix_a_line(kind: str) -> None:
+    """torch wraps the excepthook again at every ``init_process_group``: four prefixes at 00b2ab4.
+    ``failed``: the fourth ``init_process_group`` raises, and the third group's prefix stays."""
+    res = python("rank_prefix.py", kind, bound=60.0)
+    assert res.returncode == 1 and res.elapsed < 60.0 and res.leftovers == [], tail(res)
+    assert "[rank0]: ValueError: the job's own error after 3 groups: 0.1\n" in res.stderr, tail(res)
+    assert "[rank0]: [rank0]" not in res.stderr, tail(res)
 
 
 @full  # default: the same rounds on env://, tcp:// and file:// (above)

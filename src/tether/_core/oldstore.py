@@ -39,6 +39,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .._env import parse_init_method
+from .rankprefix import fresh_prefix
 from .stores import CLOSE_WAIT, StoreProbe
 
 log = logging.getLogger("tether")
@@ -114,7 +115,8 @@ def wrap_init() -> None:
     """Make ``dist.init_process_group`` wait first for the last group's store (``before_new_group``).
 
     Installed once, the first time tether watches a group (only a group tether watched can
-    leave a store open here); torch's own function runs unchanged after the wait.
+    leave a store open here); torch's own function runs unchanged after the wait, with the
+    last group's rank prefix taken off the excepthook (``rankprefix``).
     """
     global _init_wrapped
     if _init_wrapped:
@@ -127,7 +129,8 @@ def wrap_init() -> None:
             init_method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
             store = kwargs.get("store", args[5] if len(args) > 5 else None)
             before_new_group(port_of(init_method, store, os.environ))
-        return original(*args, **kwargs)
+        with fresh_prefix():
+            return original(*args, **kwargs)
 
     dist.init_process_group = init_process_group
     dist.distributed_c10d.init_process_group = init_process_group
