@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 from typing import Any
 
@@ -127,21 +128,26 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     multiprocessing.current_process().authkey = os.urandom(32)
     numpy.random.seed()
     argv = request["argv"][1:]
+    ours = {__file__}  # the frames an uncaught exception's traceback leaves out
     try:
-        if argv[0] == "-m":  # as ``python -m``: the directory first on the path, the module's file as argv[0]
+        if argv[0] == "-m":  # as ``python -m``: the directory first on the path
             sys.path[0] = os.getcwd()
             sys.argv = argv[1:]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            # what ``python -m`` runs (runpy's own, private since Python 2.7), in a fresh
+            # ``__main__``: its traceback shows runpy's frames, as the interpreter's does
+            sys.modules["__main__"] = types.ModuleType("__main__")
+            runpy._run_module_as_main(argv[1])  # type: ignore[attr-defined]
         else:  # as ``python script.py``: the script's directory first on the path
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
             sys.argv = argv
+            ours.add("<frozen runpy>")
             runpy.run_path(argv[0], run_name="__main__")
     except (SystemExit, KeyboardInterrupt):
         raise  # the interpreter ends the process as it would have (by SIGINT, for the second)
     except BaseException as error:
-        # the traceback the interpreter prints for a script, without this file's and runpy's frames
+        # the traceback the interpreter would print, without this file's frames
         tb = error.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+        while tb is not None and tb.tb_frame.f_code.co_filename in ours:
             tb = tb.tb_next
         if tb is not None:  # the hook prints the exception's own traceback, whatever it is given
             error.with_traceback(tb)

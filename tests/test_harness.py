@@ -31,16 +31,20 @@ def test_a_job_forked_from_the_zygote_starts_and_ends_as_a_fresh_interpreter_wou
     assert forked.leftovers == fresh.leftovers == []
 
 
-def test_a_module_run_with_dash_m_forked_from_the_zygote_ends_as_a_fresh_interpreter_would(
+def test_a_module_run_with_dash_m_forked_from_the_zygote_starts_and_ends_as_a_fresh_interpreter_would(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    command = [sys.executable, "-m", "json.tool", "/no/such/file"]
+    """As torchrun's launcher is run: ``python -m torch.distributed.run``."""
+    command = [sys.executable, "-m", "tests.jobs.harness_probe", "raise", "a b"]
     monkeypatch.delenv("TETHER_TEST_FRESH", raising=False)
     forked = run(command, bound=BOUND)
     monkeypatch.setenv("TETHER_TEST_FRESH", "1")
     fresh = run(command, bound=BOUND)
-    assert "No such file or directory: '/no/such/file'" in forked.stderr
-    assert (forked.stdout, forked.stderr, forked.returncode) == (fresh.stdout, fresh.stderr, fresh.returncode)
+    seen, expected = json.loads(forked.stdout), json.loads(fresh.stdout)
+    assert (seen.pop("torch_imported"), expected.pop("torch_imported")) == (True, False)
+    assert seen == expected and seen["argv"][1:] == ["raise", "a b"]
+    assert forked.stderr == fresh.stderr and "ValueError: the probe's error 0.1 (raise)" in fresh.stderr
+    assert forked.returncode == fresh.returncode == 1
 
 
 def test_a_job_that_sets_a_variable_read_when_python_starts_gets_a_fresh_interpreter() -> None:
