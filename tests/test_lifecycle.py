@@ -194,10 +194,12 @@ def test_a_new_group_on_the_port_of_a_store_left_open_waits_until_it_closes_and_
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["tether", "user", "failed"])
+@pytest.mark.parametrize("kind", ["tether", "user", "torch-first", "failed"])
 def test_a_traceback_after_four_groups_in_one_process_has_one_rank_prefix_a_line(kind: str) -> None:
     """torch wraps the excepthook again at every ``init_process_group``: four prefixes at 00b2ab4.
-    ``failed``: the fourth ``init_process_group`` raises, and the third group's prefix stays."""
+    ``torch-first``: a group made and destroyed before any tether call; ``initialize`` makes
+    its group through the same wrapper. ``failed``: the fourth ``init_process_group``
+    raises, and the third group's prefix stays."""
     res = python("rank_prefix.py", kind, bound=60.0)
     assert res.returncode == 1 and res.elapsed < 60.0 and res.leftovers == [], tail(res)
     assert "[rank0]: ValueError: the job's own error after 3 groups: 0.1\n" in res.stderr, tail(res)

@@ -3,6 +3,9 @@
     rank_prefix.py tether    three ``tether.initialize`` / ``tether.finalize`` rounds
     rank_prefix.py user      one tether round, then two of ``dist.init_process_group`` /
                              ``dist.destroy_process_group``
+    rank_prefix.py torch-first  one round of ``dist.init_process_group`` /
+                             ``dist.destroy_process_group`` before tether was called, then two
+                             tether rounds
     rank_prefix.py failed    three tether rounds; the fourth group is a ``dist.init_process_group``
                              that raises (an unknown backend), and the job goes on without it
 
@@ -20,16 +23,20 @@ from lifecycle_common import free_port
 import tether
 
 
+def by_hand(kind: str, k: int) -> bool:
+    return (kind == "user" and k > 0) or (kind == "torch-first" and k == 0)
+
+
 def group(kind: str, k: int) -> None:
     method = f"tcp://127.0.0.1:{free_port()}"
-    if kind == "user" and k > 0:
+    if by_hand(kind, k):
         dist.init_process_group("gloo", init_method=method, rank=0, world_size=1)
     else:
         tether.initialize("gloo", init_method=method, rank=0, world_size=1)
 
 
 def end(kind: str, k: int) -> None:
-    if kind == "user" and k > 0:
+    if by_hand(kind, k):
         dist.destroy_process_group()
     else:
         tether.finalize()
