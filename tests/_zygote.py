@@ -118,7 +118,8 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
-    # read at import, as the interpreter's first directory (not in typeshed)
+    # multiprocessing took the zygote's directory for the interpreter's first one at import;
+    # a spawned child reads it (the attribute is not in typeshed)
     multiprocessing.process.ORIGINAL_DIR = os.getcwd()  # type: ignore[attr-defined]
     os.environ.clear()
     os.environ.update(request["env"])
