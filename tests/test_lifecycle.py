@@ -491,6 +491,20 @@ def test_a_watchdog_thread_slow_to_stop_is_waited_for_before_pythons_teardown() 
 
 
 @pytest.mark.timeout(120)
+def test_watchdog_threads_that_start_after_finalize_make_no_store_call() -> None:
+    # before the fix each thread connected to the store as it began: after the host had
+    # closed it, the connect retried past the exit's wait (TEARDOWN 0 ['tether-keeper', ...])
+    res = python("lifecycle_late_threads.py", bound=100)
+    assert res.returncode == 0, res.output[-4000:]
+    assert sorted(_lines(res, "RETURNED")) == [["RETURNED", "0"], ["RETURNED", "1"]], res.output[-4000:]
+    assert sorted(_lines(res, "EXIT")) == [["EXIT", "0", "0"], ["EXIT", "1", "0"]], res.output[-4000:]
+    at_teardown = sorted(line for line in res.stdout.splitlines() if line.startswith("TEARDOWN "))
+    assert at_teardown == ["TEARDOWN 0 []", "TEARDOWN 1 []"], res.output[-4000:]
+    assert "still in a store call" not in res.stdout, res.output[-4000:]
+    assert res.leftovers == []
+
+
+@pytest.mark.timeout(120)
 def test_a_main_thread_holding_the_gil_is_still_ended_by_the_ladder_s_last_rung(tmp_path: Path) -> None:
     res = python("lifecycle_ladder.py", "gil", str(tmp_path / "failed-at"), bound=60)
     assert res.returncode == 0, tail(res)

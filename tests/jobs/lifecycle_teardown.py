@@ -39,8 +39,8 @@ side = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds
 setter = dist.TCPStore("127.0.0.1", side.port, 1, False, timeout=datetime.timedelta(seconds=30))  # its own connection
 listen = watchdog.Watchdog._listen
 
-def slow_listen(self):
-    listen(self)
+def slow_listen(self, client):
+    listen(self, client)
     # the stopped listener, still in a torch call until a timer sets the key it waits for;
     # not a wait that times out: c10d's timeout warning looks up the socket's host name,
     # and a resolver that does not answer (CI, once) held the thread 10 s more

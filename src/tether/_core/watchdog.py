@@ -21,9 +21,9 @@ known:
   ranks of this host from /proc, other nodes from their heartbeats. Idle cost: a few
   /proc reads per period; store operations only with more than one node (2 per node per
   ``heartbeat``).
-* **janitor** (``janitor.py``, started by the keeper on the keeper's connection) deletes
-  the keys of spent store gates, handed to it by the main thread, so that a sync does not
-  wait for those round trips. Idle cost: a thread blocked on a Python queue.
+* **janitor** (``janitor.py``, on the keeper's connection) deletes the keys of spent store
+  gates, handed to it by the main thread, so that a sync does not wait for those round
+  trips. Idle cost: a thread blocked on a Python queue.
 * **store watch** (on every rank that does not host the store) never makes a store
   operation: a store host that is stopped blocks every one, the keeper's with them. On a
   rank that shares a host with a rank hosting the store (rank 0 under plain ``env://``)
@@ -189,16 +189,28 @@ class Watchdog:
         os.set_blocking(self.signal_fd, False)
         # a signal wakes the keeper at once; a deadline is seen within one period of its wait's start
         self._period = JUDGE_PERIOD if judge is not None or nodes is not None else IDLE_PERIOD
-        self.janitor = Janitor()  # deletes spent keys (store gates') off the main thread; the keeper starts it
-        self._threads = [
-            threading.Thread(target=self._listen, name="tether-listener", daemon=True),
-            threading.Thread(target=self._keep, name="tether-keeper", daemon=True),
-            self.janitor.thread,
-        ]
-        if store_watch is not None or store_answers is not None:
-            self._threads.append(threading.Thread(target=self._watch_store_host, name="tether-storewatch", daemon=True))
+        self.janitor = Janitor()  # deletes spent keys (store gates') off the main thread
+        self._threads: list[threading.Thread] = []  # made by ``start``
 
     def start(self) -> None:
+        """Open the threads' store connections, on the calling thread, then start the threads.
+
+        A connection is opened here, while the store is known to answer, not by the thread
+        that uses it: a thread kept from the CPU (CI, 2 cores, three jobs at a time) began
+        its connect after ``finalize`` had closed the store's host, and c10d's connect
+        retries until the store's timeout (30 min by default), past the exit's wait for
+        stopped threads ("Stopping" above): the warning, and the abort it warns of. Here it
+        costs the caller two connects, 0.35 ms each on loopback (median of 200).
+        """
+        listening, keeping = self.channel.client(), self.channel.client()
+        self._threads = [
+            threading.Thread(target=self._listen, args=(listening,), name="tether-listener", daemon=True),
+            threading.Thread(target=self._keep, args=(keeping,), name="tether-keeper", daemon=True),
+            self.janitor.thread,
+        ]
+        if self.store_watch is not None or self.store_answers is not None:
+            self._threads.append(threading.Thread(target=self._watch_store_host, name="tether-storewatch", daemon=True))
+        self.janitor.start(keeping)  # it shares the keeper's connection (janitor.py)
         for t in self._threads:
             if t is not self.janitor.thread:
                 t.start()
@@ -427,8 +439,7 @@ class Watchdog:
 
     # --- threads --------------------------------------------------------------------
 
-    def _listen(self) -> None:
-        client = self.channel.client()
+    def _listen(self, client: Store) -> None:
         inbox = self.channel.key("inbox", self.channel.rank)
         while not self._stop.is_set():
             try:
@@ -451,9 +462,7 @@ class Watchdog:
                     return
                 self._stop.wait(0.1)
 
-    def _keep(self) -> None:
-        client = self.channel.client()
-        self.janitor.start(client)
+    def _keep(self, client: Store) -> None:
         next_beat = self._clock()
         while not self._stop.is_set() and not self._retiring.is_set():  # retiring: the store is going
             try:
