@@ -419,6 +419,23 @@ def test_a_rank_killed_before_its_part_of_a_periodic_save_leaves_rank_0_free_to_
     resumed_exactly(res, reference, tmp_path, survivor=0, step=int(saved[0]))
 
 
+@pytest.mark.timeout(120)
+def test_a_checkpoint_writer_that_starts_after_the_store_host_died_does_not_hold_the_exit() -> None:
+    # rank 1's writer begins its part of a split save 3 s late, after rank 0, the store's
+    # host, was SIGKILLed (late_writer.py). Before the fix the writer connected to the store
+    # as it began: c10d's connect retried for good, and Python's join of the writer held
+    # rank 1's exit (still alive 20 min later, by hand)
+    res = _harness.python("late_writer.py", bound=60)
+    out = res.output
+    assert res.returncode == 0 and res.elapsed < 60, out[-4000:]
+    exits = sorted(line.split()[1:] for line in res.stdout.splitlines() if line.startswith("EXIT "))
+    assert exits == [["0", "-9"], ["1", "0"]], out[-4000:]
+    (raised,) = [line.split(" ", 2)[1:] for line in res.stdout.splitlines() if line.startswith("RAISED ")]
+    assert raised[0] == "PeerLost" and "rank 0" in raised[1], out[-4000:]
+    assert "RETURNED" in res.stdout, out[-4000:]
+    assert res.leftovers == []
+
+
 @pytest.mark.timeout(2 * BOUND + 60)
 def test_the_emergency_saver_killed_mid_save_falls_back_to_the_last_periodic_save(
     reference: Path, tmp_path: Path

@@ -639,6 +639,12 @@ class Checkpointer:
         ctx = current()
         rank, world = ctx.backend.topology.rank, ctx.backend.topology.world_size
         save = _Save(position, world, tmp, parts, rank if parts > 1 else 0, ctx.channel, ctx.hooks)
+        if parts > 1 and ctx.channel is not None:
+            # the writer's connection is opened here, while the store answers, not by the
+            # writer: one kept from the CPU began its connect after the store's host was
+            # killed, c10d's connect retries until the connection's timeout (a year,
+            # tether's), and Python's join of the writer held the exit (tests/test_resume.py)
+            self._connection(ctx.channel)
         # not a daemon: a script that ends right after a save (its last step) must not lose
         # it. Python joins such a thread before it exits, as tether.spawn's worker does; a
         # daemon was stopped mid-write, leaving a .tmp- directory (tests/test_resume.py)
@@ -778,7 +784,8 @@ class Checkpointer:
         return save.hooks is not None and save.hooks.signalled is not None and not threading.main_thread().is_alive()
 
     def _connection(self, channel: Channel) -> Store:
-        """The writer thread's own connection to the job's store (opened once per channel)."""
+        """The writer thread's own connection to the job's store (opened once per channel, by
+        ``_save_async`` before the writer starts)."""
         if self._store is None or self._store[0] is not channel:
             self._store = (channel, channel.client())
         return self._store[1]

@@ -154,7 +154,10 @@ class Channel:
         return self.prefix + "/".join(str(p) for p in parts)
 
     def client(self) -> Store:
-        """A fresh connection for a thread that blocks (the listener, the keeper)."""
+        """A fresh connection for a thread that blocks (the listener, the keeper).
+
+        Open it before that thread starts, while the store answers: a connect retries until
+        this connection's timeout, ``FOREVER`` (``Watchdog.start``)."""
         return clone(self._store)
 
     @property
