@@ -195,6 +195,20 @@ def wait_all(procs: dict[str, subprocess.Popen[bytes]], bound: float) -> dict[st
     return codes
 
 
+# The start of a ``run_pair`` program that reports, as ``TEARDOWN <rank> <tether threads
+# still running>``, what is left right before Python's teardown: an ``atexit`` function
+# registered before tether's runs after it.
+TEARDOWN_REPORT = """
+import atexit, os, sys, threading
+
+def at_teardown():
+    running = sorted(t.name for t in threading.enumerate() if t.name.startswith("tether-"))
+    os.write(1, f"TEARDOWN {sys.argv[2]} {running}\\n".encode())
+
+atexit.register(at_teardown)
+"""
+
+
 def run_pair(program: str, label: str = "") -> None:
     """Run ``program`` (``python -c``) as ranks 0 and 1 of a fresh ``tcp://`` job, to the end.
 

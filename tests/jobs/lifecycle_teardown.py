@@ -11,23 +11,19 @@ in which a daemon thread coming out of a torch call aborts the process ("termina
 without an active exception", seen in CI). Before the fix rank 0 aborted that way (9 of 9
 runs, an idle machine) and rank 1's listener was still running at the teardown.
 
-Each rank prints ``TEARDOWN <rank> <tether threads still running>`` from an ``atexit``
-function registered before tether's (so it runs after it, right before the teardown); the
-parent prints ``EXIT <rank> <code>`` and ``STDERR <rank>: <line>`` for each rank.
+Each rank prints ``TEARDOWN <rank> <tether threads still running>`` right before Python's
+teardown (``lifecycle_common.TEARDOWN_REPORT``); the parent prints ``EXIT <rank> <code>``
+and ``STDERR <rank>: <line>`` for each rank.
 """
 
 from __future__ import annotations
 
-from lifecycle_common import run_pair
+from lifecycle_common import TEARDOWN_REPORT, run_pair
 
-RANK = """
-import atexit, datetime, os, sys, threading
-
-def at_teardown():
-    running = sorted(t.name for t in threading.enumerate() if t.name.startswith("tether-"))
-    os.write(1, f"TEARDOWN {sys.argv[2]} {running}\\n".encode())
-
-atexit.register(at_teardown)
+RANK = (
+    TEARDOWN_REPORT
+    + """
+import datetime, os, sys, threading
 
 import torch.distributed as dist
 import tether
@@ -59,6 +55,7 @@ kept = [dist.HashStore() for _ in range(20000)]  # freed in the teardown
 tether.finalize()
 os.write(1, b"RETURNED %d\\n" % rank)
 """
+)
 
 
 def main() -> None:
