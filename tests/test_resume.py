@@ -431,7 +431,9 @@ def test_a_checkpoint_writer_that_starts_after_the_store_host_died_does_not_hold
     exits = sorted(line.split()[1:] for line in res.stdout.splitlines() if line.startswith("EXIT "))
     assert exits == [["0", "-9"], ["1", "0"]], out[-4000:]
     (raised,) = [line.split(" ", 2)[1:] for line in res.stdout.splitlines() if line.startswith("RAISED ")]
-    assert raised[0] == "PeerLost" and "rank 0" in raised[1], out[-4000:]
+    # the root cause: rank 0, its store lost
+    assert raised[0] == "PeerLost", out[-4000:]
+    assert raised[1].startswith("rank 0 failed: StoreLost: rank 0 (store host) lost"), out[-4000:]
     assert "RETURNED" in res.stdout, out[-4000:]
     assert res.leftovers == []
 

@@ -2,12 +2,13 @@
 
 Two fresh rank processes ``tether.initialize("gloo", init_method="tcp://...")``; rank 0
 hosts the job's store. Step 0 ends with a periodic save split across both ranks, each
-rank's writer thread writing its part. Fault injection: rank 1's writer begins its part 3 s
-late, as a thread kept from the CPU does; meanwhile rank 0 is killed (SIGKILL: its store
-goes with it) and rank 1's ``tether.barrier()`` raises. Rank 1 catches the error and
-returns; Python then joins the writer, which is not a daemon (a save must not be lost at
-the exit). Before the fix the writer opened its store connection as it began, and c10d's
-connect retries until the connection's timeout (a year, tether's): rank 1 never ended.
+rank's writer thread writing its part. Fault injection: rank 1's writer begins its part
+3 s late, as a thread kept from the CPU does; 1 s after the step rank 0 is killed (SIGKILL:
+its store goes with it) and rank 1's ``tether.barrier()`` raises. Rank 1 catches the error
+and returns; Python then joins the writer, which is not a daemon (a save must not be lost
+at the exit). Before the fix the writer opened its store connection as it began, and
+c10d's connect retries until the connection's timeout (a year, tether's): rank 1 never
+ended.
 
 Rank 1 prints ``RAISED <type> <message>`` and ``RETURNED``; the parent prints
 ``EXIT <rank> <code>`` and ``STDERR <rank>: <line>`` for each rank.
@@ -15,7 +16,6 @@ Rank 1 prints ``RAISED <type> <message>`` and ``RETURNED``; the parent prints
 
 from __future__ import annotations
 
-import sys
 import tempfile
 
 from lifecycle_common import run_pair
@@ -45,7 +45,7 @@ model(torch.full((1, 256), 0.1)).sum().backward()
 with ckpt.step(0, 0):
     opt.step()
 if rank == 0:
-    time.sleep(0.3)
+    time.sleep(1.0)  # rank 1 past its save's start, its writer asleep
     os.kill(os.getpid(), signal.SIGKILL)
 try:
     tether.barrier()
@@ -62,4 +62,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    sys.exit(0)
