@@ -494,7 +494,7 @@ def test_a_watchdog_thread_slow_to_stop_is_waited_for_before_pythons_teardown() 
 def test_watchdog_threads_that_start_after_finalize_make_no_store_call() -> None:
     # before the fix each thread connected to the store as it began: after the host had
     # closed it, the connect retried past the exit's wait (TEARDOWN 0 ['tether-keeper', ...])
-    res = python("lifecycle_late_threads.py", bound=100)
+    res = python("lifecycle_teardown.py", "late", bound=100)
     assert res.returncode == 0, res.output[-4000:]
     assert sorted(_lines(res, "RETURNED")) == [["RETURNED", "0"], ["RETURNED", "1"]], res.output[-4000:]
     assert sorted(_lines(res, "EXIT")) == [["EXIT", "0", "0"], ["EXIT", "1", "0"]], res.output[-4000:]
