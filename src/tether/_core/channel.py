@@ -55,6 +55,12 @@ Rules:
 
 Each ``Channel`` owns its client connections (``store.clone()``): a TCPStore client
 serialises calls across threads, so the listener never queues behind the main thread.
+A connection's calls wait without a timeout (``FOREVER``), but its *connect* does not:
+c10d's clone retries its connect until the timeout of the connection it clones, so a
+connection opened once the store's host was gone would retry for that long. Each
+``Channel`` keeps one idle connection whose timeout is its ``connect_within`` (its
+template) and clones that, so every connect it opens gives up where the store's host is
+gone: measured with 2 s, after 3.0-4.9 s (c10d tries twice, with a random pause between).
 No call here uses a store timeout: a timed-out c10d wait logs a warning, so waits that can
 run out poll ``check`` instead.
 """
@@ -89,10 +95,14 @@ class Answers(dict[int, str]):
         self.handling: dict[int, str] = {}  # the exception a rank was handling as it entered its call
 
 
-def clone(store: Store) -> Store:
-    """A new client connection to ``store`` (torch's stubs lack ``Store.clone``)."""
+def clone(store: Store, timeout: datetime.timedelta = FOREVER) -> Store:
+    """A new client connection to ``store``, its calls' timeout ``timeout``.
+
+    Its connect retries until ``store``'s own timeout (c10d copies it): see the module
+    docstring, and ``Channel.client``. (torch's stubs lack ``Store.clone``.)
+    """
     client = cast(Store, store.clone())  # type: ignore[attr-defined]
-    client.set_timeout(FOREVER)
+    client.set_timeout(timeout)
     OWN_CONNECTIONS.add(client)
     return client
 
@@ -134,16 +144,20 @@ class Channel:
         prefix: the incarnation's prefix, ``tether/<job id>/<gen>/`` (see ``prefix``).
         rank: this process's rank, or -1 for a launcher.
         world_size: number of ranks in the job.
+        connect_within: seconds a connect of ``client`` may retry (see the module
+            docstring): the runtime gives the silence after which the store is lost
+            (``liveness.store_silent_after``).
 
     Cost: posting a failure is ``2 + N`` store operations; nothing is spent on the happy
     path (liveness is judged from the OS, see ``liveness.py``).
     """
 
-    def __init__(self, store: Store, prefix: str, rank: int, world_size: int) -> None:
+    def __init__(self, store: Store, prefix: str, rank: int, world_size: int, *, connect_within: float) -> None:
         self.prefix = prefix
         self.rank = rank
         self.world_size = world_size
-        self._store = clone(store)  # posting, queries, reading records
+        self._template = clone(store, datetime.timedelta(seconds=connect_within))  # only cloned: for its timeout
+        self._store = self.client()  # posting, queries, reading records
         self.queues = has_queues(self._store)
 
     @staticmethod
@@ -156,9 +170,13 @@ class Channel:
     def client(self) -> Store:
         """A fresh connection for a thread that blocks (the listener, the keeper).
 
-        Open it before that thread starts, while the store answers: a connect retries until
-        this connection's timeout, ``FOREVER`` (``Watchdog.start``)."""
-        return clone(self._store)
+        Where the store's host is gone, its connect gives up within about 2.5 times
+        ``connect_within`` (see the module docstring), raising ``DistNetworkError``. Open
+        it before that thread starts, while the store answers (``Watchdog.start``): a
+        thread's connect that fails is an error the thread must tell, and one that waits is
+        a wait no one watches.
+        """
+        return clone(self._template)
 
     @property
     def connection(self) -> Store:
