@@ -47,7 +47,7 @@ from . import _checks
 from ._checks import to_timedelta
 from ._core.channel import Channel, generation
 from ._core.hooks import Terminated
-from ._core.liveness import NodeWatch, PeerJudge, store_silent_after
+from ._core.liveness import NodeWatch, PeerJudge
 from ._core.options import Options
 from ._core.record import KIND_EXIT, KIND_SIGNAL, FailureRecord, describe_exit
 from ._core.stores import job_store
@@ -129,8 +129,7 @@ def spawn(
     mp = _context(start_method)
     for attempt in range(max_restarts + 1):
         gen = generation(store, JOB_ID, -1 - node_rank)  # each node's launcher counts its own incarnations
-        connect_within = store_silent_after(options.watchdog.lost_after)
-        channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world, connect_within=connect_within)
+        channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
         procs: dict[int, multiprocessing.process.BaseProcess] = {}
         environ = dict(os.environ) if start_method == "forkserver" else None  # as of this attempt's start
         own_method = multiprocessing.get_start_method(allow_none=True)

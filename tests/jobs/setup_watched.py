@@ -44,8 +44,7 @@ def registered(port: int, within: float) -> None:
     from tether._core.liveness import pid_namespace
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=within))
-    prefix = Channel.make_prefix(f"env-{port}-r0", 1)  # _env.py's job id
-    channel = Channel(store, prefix, -1, 3, connect_within=within)  # a reader only
+    channel = Channel(store, Channel.make_prefix(f"env-{port}-r0", 1), -1, 3)  # _env.py's job id; a reader only
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if {0, 1} <= channel.host_pids(socket.gethostname(), pid_namespace()).keys():

@@ -58,9 +58,10 @@ serialises calls across threads, so the listener never queues behind the main th
 A connection's calls wait without a timeout (``FOREVER``), but its *connect* does not:
 c10d's clone retries its connect until the timeout of the connection it clones, so a
 connection opened once the store's host was gone would retry for that long. Each
-``Channel`` keeps one idle connection whose timeout is its ``connect_within`` (its
-template) and clones that, so every connect it opens gives up where the store's host is
-gone: measured with 2 s, after 3.0-4.9 s (c10d tries twice, with a random pause between).
+``Channel`` keeps one idle connection whose timeout is its ``connect_within`` (a minute,
+``CONNECT_WITHIN``), its template, and clones that, so every connect it opens gives up
+where the store's host is gone: measured with 2 s, after 3.0-4.9 s (c10d tries twice,
+with a random pause between).
 No call here uses a store timeout: a timed-out c10d wait logs a warning, so waits that can
 run out poll ``check`` instead.
 """
@@ -79,6 +80,11 @@ from torch._C._distributed_c10d import Store
 from .record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord
 
 FOREVER = datetime.timedelta(days=365)
+# how long a try of a connect to the job's store may take (``Channel.client``): a connect
+# takes milliseconds, 1 in ~25 stalled 5 s on one VM here (docs/scale.md), and a start-up
+# burst of thousands of ranks goes through one accept loop; what it bounds is a thread
+# that connects once the store's host is gone, which nothing else would end
+CONNECT_WITHIN = 60.0
 # every connection ``clone`` made: tether's own, whose waits are never the user's (storewaits.py)
 OWN_CONNECTIONS: weakref.WeakSet[Store] = weakref.WeakSet()
 ROOT_WAIT = 2.0  # seconds a reader waits for record 1 when its counter is already taken
@@ -144,15 +150,16 @@ class Channel:
         prefix: the incarnation's prefix, ``tether/<job id>/<gen>/`` (see ``prefix``).
         rank: this process's rank, or -1 for a launcher.
         world_size: number of ranks in the job.
-        connect_within: seconds a connect of ``client`` may retry (see the module
-            docstring): the runtime gives the silence after which the store is lost
-            (``liveness.store_silent_after``).
+        connect_within: seconds a try of ``client``'s connect may take (see the module
+            docstring).
 
     Cost: posting a failure is ``2 + N`` store operations; nothing is spent on the happy
     path (liveness is judged from the OS, see ``liveness.py``).
     """
 
-    def __init__(self, store: Store, prefix: str, rank: int, world_size: int, *, connect_within: float) -> None:
+    def __init__(
+        self, store: Store, prefix: str, rank: int, world_size: int, *, connect_within: float = CONNECT_WITHIN
+    ) -> None:
         self.prefix = prefix
         self.rank = rank
         self.world_size = world_size

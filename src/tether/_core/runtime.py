@@ -179,9 +179,7 @@ def _watch(
 ) -> Context:
     """Watch ``pg`` (None: a group ``start`` is about to create; it sets ``ctx.pg`` after)."""
     topo = backend.topology
-    channel = Channel(
-        store, prefix, topo.rank, topo.world_size, connect_within=store_silent_after(options.watchdog.lost_after)
-    )
+    channel = Channel(store, prefix, topo.rank, topo.world_size)
     if not channel.queues:
         log.warning(
             "tether: this job's store has no queues; failures are noticed by polling every 0.2 s "
