@@ -10,9 +10,13 @@
         CODE n: rank 1 calls sys.exit(n), rank 0 waits in the next barrier.
     torchrun ... lifecycle_root.py torchrun-exit CODE
         The same under torchrun, the function run by ``tether.Parallel``.
-    lifecycle_root.py weird {badstr,badrepr,huge}
+    lifecycle_root.py weird {badstr,badrepr,huge,orphan}
         2 ranks; after a barrier rank 1 raises an exception whose ``__str__`` raises, whose
         ``__repr__`` raises, or whose message is 1 MiB long; rank 0 waits in the next barrier.
+        ``orphan``: rank 1 first takes a seq on the failure counter and writes no record,
+        as a poster killed between its two store operations leaves it (``channel.py``'s
+        rules: readers wait ``ROOT_WAIT`` for slot 1, then take the first readable record),
+        then raises ValueError.
 
 Ranks print ``LC`` lines (``raised``, ``done``, ``struck``); the launcher prints
 ``LC {"event": "launcher", ...}`` per job (exc None: spawn returned) and exits 1 if any
@@ -28,6 +32,7 @@ from collections.abc import Callable
 from lifecycle_common import emit, launcher_failed, raised
 
 import tether
+from tether._core.context import peek
 
 HUGE = "huge message (hug3): " + "x" * (1 << 20)
 
@@ -88,6 +93,12 @@ def weird(local_rank: int, kind: str) -> None:
                 raise BadStr("weird str (s7r)")
             if kind == "badrepr":
                 raise BadRepr("weird repr (r3pr)")
+            if kind == "orphan":
+                ctx = peek()
+                channel = ctx.channel if ctx is not None else None
+                assert channel is not None
+                channel.connection.add(channel.key("fail", "n"), 1)  # seq 1, its slot never written
+                raise ValueError("after an orphaned seq (0rph)")
             raise ValueError(HUGE)
         tether.barrier()
     except BaseException as exc:

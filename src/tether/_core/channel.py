@@ -215,17 +215,18 @@ class Channel:
     def failure_count(self, client: Store | None = None) -> int:
         return int((client or self._store).add(self.key("fail", "n"), 0))
 
-    def records(self) -> list[FailureRecord]:
-        """Every record posted so far, root cause first (a slot whose poster died is skipped)."""
-        out = []
-        count = self.failure_count()
-        if count:
-            wait_keys(self._store, [self.key("fail", 1)], ROOT_WAIT)
-        for seq in range(1, count + 1):
-            record = self.record(seq)
-            if record is not None:
-                out.append(record)
-        return out
+    def records(self, client: Store | None = None, *, wait: bool = True) -> list[FailureRecord]:
+        """Every record posted so far, root cause first (a slot whose poster died is skipped).
+
+        ``wait``: for record 1, up to ``ROOT_WAIT`` (see the rules); ``client``: the
+        caller's own connection.
+        """
+        store = client or self._store
+        count = self.failure_count(store)
+        if count and wait:
+            wait_keys(store, [self.key("fail", 1)], ROOT_WAIT)
+        records = (self.record(seq, store) for seq in range(1, count + 1))
+        return [record for record in records if record is not None]
 
     def record(self, seq: int, client: Store | None = None) -> FailureRecord | None:
         """Record ``seq``, or None if its slot is empty; ``client``: the caller's own connection."""
@@ -239,7 +240,9 @@ class Channel:
             return None
         if wait_keys(store, [self.key("fail", 1)], ROOT_WAIT):
             return self.record(1, store)
-        records = self.records()
+        # waited once: slot 1's poster died between its two operations. Until acb4f69 the
+        # records were read after a second wait, on the channel's own connection: 4 s, not 2
+        records = self.records(store, wait=False)
         return records[0] if records else None
 
     def claim_loss(self, rank: int, client: Store | None = None) -> bool:
