@@ -129,6 +129,25 @@ def test_a_rank_stopped_by_its_own_sigterm_does_not_blame_a_peer_that_holds_the_
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
 
 
+@pytest.mark.timeout(180)
+def test_under_torchrun_a_frozen_rank_s_error_file_is_written_before_any_judge_kills_it() -> None:
+    # both survivors judge the frozen rank 2; each judge's write of its error file waits
+    # 1.5 s (lifecycle_liveness.py frozen). Until e141914 the judge that lost the claim
+    # killed at once, and torchrun's Root Cause said only "Signal 9 (SIGKILL) received"
+    # (pytest --full, F4-sigstop-outside-initialize-4r, once)
+    res = torchrun("lifecycle_liveness.py", "frozen", nproc=3, bound=BOUND)
+    assert res.returncode is not None and res.returncode != 0, tail(res)
+    got = by_rank(res, "raised")
+    assert sorted(got) == [0, 1], f"survivors 0 and 1 must each report one exception, got {sorted(got)}\n{tail(res)}"
+    for r, d in got.items():
+        assert d["exc"] == "PeerLost" and d["failing"] == 2, f"rank {r} raised {d['exc']}: {d['msg']}\n{tail(res)}"
+        assert d["orig_msg"].startswith("frozen: its process has been stopped (state T)"), d
+    entry = root_cause(res.stderr)
+    assert blamed(entry) == 2, f"torchrun's root cause names rank {blamed(entry)}, not the frozen rank 2\n{tail(res)}"
+    assert "Lost: frozen: its process has been stopped (state T)" in entry.text, entry.text
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
 SILENT_AFTER = 10.0  # store_silent.py: max(2 x lost_after 2 s, 10 s)
 
 

@@ -12,6 +12,11 @@
         tether.initialize under torchrun, default settings: rank 1 writes its kill time to
         DIR/killed and SIGKILLs itself while ranks 0 and 2 wait in barrier; they print the
         latency of their exception after the kill.
+    torchrun --nproc_per_node 3 lifecycle_liveness.py frozen
+        tether.initialize under torchrun, heartbeat 0.5, lost_after 2: rank 2 SIGSTOPs
+        itself while ranks 0 and 1 wait in barrier; both judge it (one wins the claim and
+        posts). Fault injection: a judge's write of the frozen rank's error file waits
+        1.5 s first, as one kept from the CPU does. Ranks 0 and 1 print what they raised.
     torchrun --nproc_per_node 2 lifecycle_liveness.py sigterm
         tether.initialize under torchrun, default settings: rank 1 holds the GIL 4 s in one
         C call while rank 0, in barrier, gets a SIGTERM of its own 0.5 s in. The stop is
@@ -100,6 +105,32 @@ def kill_rank(out: str) -> None:
     emit("done", rank=rank)
 
 
+def frozen_rank() -> None:
+    from tether._core import errorfile
+
+    write_for = errorfile.write_for
+
+    def slow_write_for(pid: int, message: str, stamp: int) -> None:
+        time.sleep(1.5)
+        write_for(pid, message, stamp)
+
+    errorfile.write_for = slow_write_for
+    tether.initialize("gloo", heartbeat=0.5, lost_after=2.0)
+    rank = tether.get_rank()
+    try:
+        tether.barrier()
+        if rank == 2:
+            time.sleep(0.5)  # the others are in the barrier by now
+            os.kill(os.getpid(), signal.SIGSTOP)
+        tether.barrier()
+    except BaseException as exc:
+        raised(rank, exc)
+        raise
+    finally:
+        tether.finalize()
+    emit("done", rank=rank)
+
+
 def own_sigterm() -> None:
     tether.initialize("gloo")
     rank = tether.get_rank()
@@ -127,6 +158,9 @@ def main() -> None:
         return
     if scenario == "sigterm":
         own_sigterm()
+        return
+    if scenario == "frozen":
+        frozen_rank()
         return
     body, nproc, options = {
         "gil": (gil_body, 2, {}),

@@ -17,11 +17,19 @@ import os
 
 
 def write(path: str, message: str, stamp: int, traceback: str = "") -> None:
+    """Write the file whole, or not at all: torchrun may read it as soon as it exists, and
+    two judges may write a frozen rank's at once (``write_for``)."""
     extra = {"timestamp": str(stamp)}
     if traceback:
         extra["py_callstack"] = traceback  # without it, torchrun's summary shows the message
-    with open(path, "w") as fp:
-        json.dump({"message": {"message": message, "extraInfo": extra}}, fp)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as fp:
+            json.dump({"message": {"message": message, "extraInfo": extra}}, fp)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def of_process(pid: int) -> str | None:

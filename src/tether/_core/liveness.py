@@ -153,13 +153,16 @@ class PeerJudge:
                 if t - since >= self.lost_after:
                     self._judged.add(rank)
                     self.lost.add(rank)
+                    message = f"frozen: its process has been stopped (state {state}) for {t - since:.1f} s"
+                    record = lost_record(rank, message, self.channel.rank, pid=pid, host=_HOST)
                     if self.channel.claim_loss(rank, client):
-                        message = f"frozen: its process has been stopped (state {state}) for {t - since:.1f} s"
-                        record = lost_record(rank, message, self.channel.rank, pid=pid, host=_HOST)
                         found.append(record)
-                        if self.kill:  # so that torchrun's "Root Cause" tells the story, not only SIGKILL
-                            errorfile.write_for(pid, record.headline, int(record.time))
                     if self.kill:
+                        # its error file first, so that torchrun's "Root Cause" tells the story, not
+                        # only SIGKILL: by every judge, the claim's winner or not. A loser that
+                        # killed at once beat the winner's write, and torchrun, reading the file as
+                        # it saw the death, had none (pytest --full, 2026-12-07)
+                        errorfile.write_for(pid, record.headline, int(record.time))
                         with contextlib.suppress(OSError):
                             os.kill(pid, signal.SIGKILL)
             else:
