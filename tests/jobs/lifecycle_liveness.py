@@ -27,11 +27,13 @@ The launcher prints ``LC {"event": "launcher", "exc": ...}`` (None when spawn re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from lifecycle_common import emit, hold_gil, launcher_failed, raised, stops_held
@@ -117,18 +119,25 @@ def frozen_rank() -> None:
     errorfile.write_for = slow_write_for
     tether.initialize("gloo", heartbeat=0.5, lost_after=2.0)
     rank = tether.get_rank()
-    try:
+    with reported(rank):
         tether.barrier()
         if rank == 2:
             time.sleep(0.5)  # the others are in the barrier by now
             os.kill(os.getpid(), signal.SIGSTOP)
         tether.barrier()
+    emit("done", rank=rank)
+
+
+@contextlib.contextmanager
+def reported(rank: int) -> Iterator[None]:
+    """Report what the block raised (and raise it on); finalize in any case."""
+    try:
+        yield
     except BaseException as exc:
         raised(rank, exc)
         raise
     finally:
         tether.finalize()
-    emit("done", rank=rank)
 
 
 def own_sigterm() -> None:
