@@ -508,7 +508,7 @@ def test_watchdog_threads_that_start_after_finalize_make_no_store_call() -> None
 def test_a_store_connection_opened_after_its_host_died_gives_up_within_the_channel_s_bound() -> None:
     # late_connect.py: connect_within 2 s; c10d's two tries and the pause between them took
     # 3.0-4.9 s here. Before the channel cloned its template, the connect retried for a year
-    # (channel.FOREVER): at HEAD~ this test hit its 30 s bound
+    # (channel.FOREVER): at 703af02 this test hit its 30 s bound
     res = python("late_connect.py", bound=30)
     assert res.returncode == 0 and res.elapsed < 30, res.output[-4000:]
     (port,) = [line.split()[1] for line in res.stdout.splitlines() if line.startswith("PORT ")]
