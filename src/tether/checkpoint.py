@@ -642,9 +642,8 @@ class Checkpointer:
         if parts > 1 and ctx.channel is not None:
             # the writer's connection is opened here, while the store answers, not by the
             # writer: one kept from the CPU began its connect after the store's host was
-            # killed, c10d's connect retried until the connection's timeout (a year then;
-            # minutes now: ``Channel.client``), and Python's join of the writer held the exit
-            # (tests/test_resume.py)
+            # killed, c10d's connect retries until the connection's timeout (a year,
+            # tether's), and Python's join of the writer held the exit (tests/test_resume.py)
             self._connection(ctx.channel)
         # not a daemon: a script that ends right after a save (its last step) must not lose
         # it. Python joins such a thread before it exits, as tether.spawn's worker does; a

@@ -55,13 +55,6 @@ Rules:
 
 Each ``Channel`` owns its client connections (``store.clone()``): a TCPStore client
 serialises calls across threads, so the listener never queues behind the main thread.
-A connection's calls wait without a timeout (``FOREVER``), but its *connect* does not:
-c10d's clone retries its connect until the timeout of the connection it clones, so a
-connection opened once the store's host was gone would retry for that long. Each
-``Channel`` keeps one idle connection whose timeout is its ``connect_within`` (a minute,
-``CONNECT_WITHIN``), its template, and clones that, so every connect it opens gives up
-where the store's host is gone: measured with 2 s, after 3.0-4.9 s (c10d tries twice,
-with a random pause between).
 No call here uses a store timeout: a timed-out c10d wait logs a warning, so waits that can
 run out poll ``check`` instead.
 """
@@ -80,11 +73,6 @@ from torch._C._distributed_c10d import Store
 from .record import KIND_EXIT, KIND_LOST, KIND_SIGNAL, FailureRecord
 
 FOREVER = datetime.timedelta(days=365)
-# how long a try of a connect to the job's store may take (``Channel.client``): a connect
-# takes milliseconds, 1 in ~25 stalled 5 s on one VM here (docs/scale.md), and a start-up
-# burst of thousands of ranks goes through one accept loop; what it bounds is a thread
-# that connects once the store's host is gone, which nothing else would end
-CONNECT_WITHIN = 60.0
 # every connection ``clone`` made: tether's own, whose waits are never the user's (storewaits.py)
 OWN_CONNECTIONS: weakref.WeakSet[Store] = weakref.WeakSet()
 ROOT_WAIT = 2.0  # seconds a reader waits for record 1 when its counter is already taken
@@ -101,14 +89,10 @@ class Answers(dict[int, str]):
         self.handling: dict[int, str] = {}  # the exception a rank was handling as it entered its call
 
 
-def clone(store: Store, timeout: datetime.timedelta = FOREVER) -> Store:
-    """A new client connection to ``store``, its calls' timeout ``timeout``.
-
-    Its connect retries until ``store``'s own timeout (c10d copies it): see the module
-    docstring, and ``Channel.client``. (torch's stubs lack ``Store.clone``.)
-    """
+def clone(store: Store) -> Store:
+    """A new client connection to ``store`` (torch's stubs lack ``Store.clone``)."""
     client = cast(Store, store.clone())  # type: ignore[attr-defined]
-    client.set_timeout(timeout)
+    client.set_timeout(FOREVER)
     OWN_CONNECTIONS.add(client)
     return client
 
@@ -150,21 +134,16 @@ class Channel:
         prefix: the incarnation's prefix, ``tether/<job id>/<gen>/`` (see ``prefix``).
         rank: this process's rank, or -1 for a launcher.
         world_size: number of ranks in the job.
-        connect_within: seconds a try of ``client``'s connect may take (see the module
-            docstring).
 
     Cost: posting a failure is ``2 + N`` store operations; nothing is spent on the happy
     path (liveness is judged from the OS, see ``liveness.py``).
     """
 
-    def __init__(
-        self, store: Store, prefix: str, rank: int, world_size: int, *, connect_within: float = CONNECT_WITHIN
-    ) -> None:
+    def __init__(self, store: Store, prefix: str, rank: int, world_size: int) -> None:
         self.prefix = prefix
         self.rank = rank
         self.world_size = world_size
-        self._template = clone(store, datetime.timedelta(seconds=connect_within))  # only cloned: for its timeout
-        self._store = self.client()  # posting, queries, reading records
+        self._store = clone(store)  # posting, queries, reading records
         self.queues = has_queues(self._store)
 
     @staticmethod
@@ -177,13 +156,9 @@ class Channel:
     def client(self) -> Store:
         """A fresh connection for a thread that blocks (the listener, the keeper).
 
-        Where the store's host is gone, its connect gives up within about 2.5 times
-        ``connect_within`` (see the module docstring), raising ``DistNetworkError``. Open
-        it before that thread starts, while the store answers (``Watchdog.start``): a
-        thread's connect that fails is an error the thread must tell, and one that waits is
-        a wait no one watches.
-        """
-        return clone(self._template)
+        Open it before that thread starts, while the store answers: a connect retries until
+        this connection's timeout, ``FOREVER`` (``Watchdog.start``)."""
+        return clone(self._store)
 
     @property
     def connection(self) -> Store:

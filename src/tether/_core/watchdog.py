@@ -198,10 +198,10 @@ class Watchdog:
         A connection is opened here, while the store is known to answer, not by the thread
         that uses it: a thread kept from the CPU (CI, 2 cores, three jobs at a time) began
         its connect after ``finalize`` had closed the store's host, and c10d's connect
-        retries until the timeout of the connection it clones (a year then; now two tries
-        of ``channel.CONNECT_WITHIN`` each, still past the exit's wait for stopped threads,
-        "Stopping" above): the warning, and the abort it warns of. Here it costs the
-        caller two connects, 0.35 ms each on loopback (median of 200).
+        retries until the timeout of the connection it clones (``channel.FOREVER``), past
+        the exit's wait for stopped threads ("Stopping" above): the warning, and the abort
+        it warns of. Here it costs the caller two connects, 0.35 ms each on loopback
+        (median of 200).
         """
         listening, keeping = self.channel.client(), self.channel.client()
         self._threads = [
