@@ -46,8 +46,8 @@ def caught(rank: int, exc: BaseException) -> None:
     data: dict[str, Any] = {"event": "caught", "rank": rank, "exc": type(exc).__name__, "t": now, "msg": str(exc)[:300]}
     if isinstance(exc, idist.PeerFailure):
         notice_ms = (now - exc.record.time) * 1000 if exc.record.time else None
-        # seq and reporter: every rank's notice took 4.0 s once (a fresh clone's run,
-        # 2026-12-07), two ROOT_WAITs, as if record 1's slot were empty: was this seq 2?
+        # seq and reporter: which record each survivor read. A 4.0 s notice (2026-12-07)
+        # read seq 1: the poster's own store add had stalled (test-times.md)
         data.update(failed=exc.rank, orig=exc.exc_type, notice_ms=notice_ms, seq=exc.record.seq)
         data.update(reporter=exc.record.reporter)
     if isinstance(exc, idist.SyncTimeout) and exc.record is not None:
