@@ -5,7 +5,10 @@
 * ``sys.exit(0)`` in a worker is success; ``sys.exit(3)`` is a failure posted with its code
   (3 is also ``ExitCode.PEER_FAILED``: a launcher must not take it for a consequence).
 * An exception whose ``__str__`` or ``__repr__`` raises, or with a 1 MiB message, is posted
-  and reaches the waiting peer in bound.
+  and reaches the waiting peer in bound; so is a tether error that no posted failure
+  explains (``BackendError``): it is its rank's own story.
+* Without ``sync_timeout``, a raw call that outlives its group's own timeout is a
+  ``SyncTimeout`` naming the late rank, not a ``BackendError`` that names nobody.
 
 Job: ``tests/jobs/lifecycle_root.py`` under ``tether.spawn``. Failure tests assert the
 bound, the exception on every survivor, the root cause in the output, and that no process
@@ -23,6 +26,8 @@ from _core import lc_events as events
 from _harness import python
 from _torchrun_report import other_failures, root_cause
 from tether._core.channel import ROOT_WAIT
+
+GROUP_TIMEOUT = 4.0  # lifecycle_root.py's
 
 BOUND = 120.0
 SPAWN_REPORT = "tether: job failed. Root cause: "
@@ -124,12 +129,21 @@ def test_sys_exit_3_in_a_function_parallel_runs_under_torchrun_exits_3() -> None
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("kind", "exc_type"),
-    [("badstr", "BadStr"), ("badrepr", "BadRepr"), ("huge", "ValueError"), ("orphan", "ValueError")],
+    [
+        ("badstr", "BadStr"),
+        ("badrepr", "BadRepr"),
+        ("huge", "ValueError"),
+        ("orphan", "ValueError"),
+        ("backend", "BackendError"),
+    ],
 )
 def test_an_exception_that_is_hard_to_render_still_reaches_the_peer(kind: str, exc_type: str) -> None:
     # orphan: an empty slot 1 before the record (its poster killed between its two
     # operations) costs one ROOT_WAIT (2 s), not two: until acb4f69 the listener waited for
     # the slot, then waited for it again (4.0 s)
+    # backend: a tether error that no posted failure explains is its rank's own story,
+    # posted after ROOT_WAIT (a death a launcher saw comes first); until now it passed as a
+    # victim's, posted by nobody: "rank 1 failed: SystemExit: process exited with code 3"
     res = python("lifecycle_root.py", "weird", kind, bound=90.0)
     # 1. bounded (never waits forever), and a failure
     assert res.returncode is not None, f"the job did not end within its bound (rank 0 waited forever?)\n{tail(res)}"
@@ -148,17 +162,47 @@ def test_an_exception_that_is_hard_to_render_still_reaches_the_peer(kind: str, e
         assert r0["orig_msg"] == "weird repr (r3pr)", r0["orig_msg"][:200]
     late = r0["time"] - struck[0]["time"]
     # orphan: one ROOT_WAIT and a notice's few ms, well under the two ROOT_WAITs of before
-    bound = ROOT_WAIT + 1.5 if kind == "orphan" else NOTICE
+    bound = ROOT_WAIT + 1.5 if kind in ("orphan", "backend") else NOTICE
     assert late < bound, f"rank 0 raised {late:.1f} s after rank 1 (bound {bound} s)"
     if kind == "orphan":
         assert r0["orig_msg"] == "after an orphaned seq (0rph)", r0["orig_msg"][:200]
         assert late >= ROOT_WAIT, f"rank 0 raised {late:.1f} s after rank 1: it did not wait for slot 1"
+    if kind == "backend":
+        assert r0["orig_msg"] == "the backend failed and nobody's failure explains it (b4ck)", r0["orig_msg"][:200]
     # 3. the root cause, once
     roots = root_lines(res.stderr)
     assert len(roots) == 1 and roots[0].startswith(f"rank 1 failed: {exc_type}"), f"{roots}\n{tail(res, 1500)}"
     lead = events(res, "launcher")
     assert lead and lead[0]["exc"] == "JobFailed" and lead[0]["root_rank"] == 1, lead
     assert lead[0]["root_type"] == exc_type, lead
+    # 4. nothing left
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(120)
+def test_a_raw_call_that_outlives_the_groups_own_timeout_is_a_sync_timeout_naming_the_late_rank() -> None:
+    # no sync_timeout: the timeout that expires is the group's (the user's timeout=, else
+    # torch's 30 minutes). It was a BackendError that named nobody, posted by nobody; both
+    # ranks exited 3 and the report said "rank 0 failed: SystemExit: process exited with code 3"
+    res = python("lifecycle_root.py", "group-timeout", bound=90.0)
+    # 1. bounded, and a failure
+    assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
+    assert res.returncode != 0, tail(res)
+    # 2. rank 0 raised the timeout once the group's expired (and a query); rank 1, asleep in
+    # user code, was ended by its watchdog after grace (exit code 6: WATCHDOG)
+    raised = {e["rank"]: e for e in events(res, "raised")}
+    assert sorted(raised) == [0] and raised[0]["exc"] == "SyncTimeout", f"{raised}\n{tail(res)}"
+    (lead,) = events(res, "launcher")
+    assert lead["exit_codes"] == {"0": 4, "1": 6}, lead
+    head = f"dist.all_reduce timed out after {GROUP_TIMEOUT:g} s: rank(s) [1] did not arrive"
+    assert str(raised[0]["msg"]).startswith(head), raised[0]
+    (struck,) = events(res, "struck")
+    took = float(raised[0]["time"]) - float(struck["time"])
+    assert GROUP_TIMEOUT - 0.5 < took < GROUP_TIMEOUT + 1.0 + NOTICE, took
+    # 3. the root cause, once: the late rank, with the timeout's story
+    roots = root_lines(res.stderr)
+    assert len(roots) == 1 and roots[0].startswith(f"rank 1 failed: SyncTimeout: {head}"), f"{roots}\n{tail(res, 1500)}"
+    assert "  rank 0: stopped: TIMEOUT (exited with code 4)" in res.stderr, tail(res, 1500)
     # 4. nothing left
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
 

@@ -10,13 +10,19 @@
         CODE n: rank 1 calls sys.exit(n), rank 0 waits in the next barrier.
     torchrun ... lifecycle_root.py torchrun-exit CODE
         The same under torchrun, the function run by ``tether.Parallel``.
-    lifecycle_root.py weird {badstr,badrepr,huge,orphan}
+    lifecycle_root.py weird {badstr,badrepr,huge,orphan,backend}
         2 ranks; after a barrier rank 1 raises an exception whose ``__str__`` raises, whose
         ``__repr__`` raises, or whose message is 1 MiB long; rank 0 waits in the next barrier.
         ``orphan``: rank 1 first takes a seq on the failure counter and writes no record,
         as a poster killed between its two store operations leaves it (``channel.py``'s
         rules: readers wait ``ROOT_WAIT`` for slot 1, then take the first readable record),
-        then raises ValueError.
+        then raises ValueError. ``backend``: rank 1 raises ``tether.BackendError``, a tether
+        error that no posted failure explains (what tether raises for a backend error
+        nobody's failure is behind).
+    lifecycle_root.py group-timeout
+        2 ranks under ``timeout=4 s`` and no ``sync_timeout``: after a barrier rank 1 sleeps
+        in user code while rank 0 waits in a raw ``dist.all_reduce``, until the group's own
+        (gloo's) timeout expires.
 
 Ranks print ``LC`` lines (``raised``, ``done``, ``struck``); the launcher prints
 ``LC {"event": "launcher", ...}`` per job (exc None: spawn returned) and exits 1 if any
@@ -25,15 +31,19 @@ job failed.
 
 from __future__ import annotations
 
+import datetime
 import sys
 import time
 from collections.abc import Callable
 
+import torch
+import torch.distributed as dist
 from lifecycle_common import emit, launcher_failed, raised
 
 import tether
 from tether._core.context import peek
 
+GROUP_TIMEOUT = 4.0
 HUGE = "huge message (hug3): " + "x" * (1 << 20)
 
 
@@ -99,6 +109,8 @@ def weird(local_rank: int, kind: str) -> None:
                 assert channel is not None
                 channel.connection.add(channel.key("fail", "n"), 1)  # seq 1, its slot never written
                 raise ValueError("after an orphaned seq (0rph)")
+            if kind == "backend":
+                raise tether.BackendError("the backend failed and nobody's failure explains it (b4ck)")
             raise ValueError(HUGE)
         tether.barrier()
     except BaseException as exc:
@@ -108,9 +120,23 @@ def weird(local_rank: int, kind: str) -> None:
     emit("passed", rank=rank)
 
 
-def launch(fn: Callable[..., None], args: tuple[object, ...], nproc: int, job: int = 0) -> bool:
+def group_timeout(local_rank: int) -> None:
+    rank = tether.get_rank()
     try:
-        tether.spawn("gloo", fn, args, nproc_per_node=nproc)
+        tether.barrier()
+        if rank == 1:
+            emit("struck", rank=rank, time=time.time())
+            time.sleep(60)  # alive, in user code: the verdict ends it
+        dist.all_reduce(torch.ones(1))
+    except BaseException as exc:
+        raised(rank, exc)
+        raise
+    emit("passed", rank=rank)
+
+
+def launch(fn: Callable[..., None], args: tuple[object, ...], nproc: int, job: int = 0, **options: object) -> bool:
+    try:
+        tether.spawn("gloo", fn, args, nproc_per_node=nproc, **options)
     except BaseException as exc:
         launcher_failed(exc, job=job)
         return False
@@ -132,6 +158,8 @@ def main() -> None:
         with tether.Parallel(backend="gloo") as parallel:
             parallel.run(exits, int(sys.argv[2]))
         ok = True
+    elif scenario == "group-timeout":
+        ok = launch(group_timeout, (), 2, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT))
     else:
         ok = launch(weird, (sys.argv[2],), 2)
     sys.exit(0 if ok else 1)

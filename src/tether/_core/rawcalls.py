@@ -293,7 +293,8 @@ def _outside(
             raise
         try:
             ranks = _group_ranks(signature, args, kwargs, p2p) if signature is not None else None
-            failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"), ranks)
+            waited = time.monotonic() - start
+            failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"), ranks, waited)
         except Terminated:  # the launcher's SIGTERM while this rank asks: a peer died
             failure = failure_behind_stop(ctx)
         if failure is None:

@@ -361,7 +361,11 @@ def _is_timeout(exc: BaseException) -> bool:
 
 
 def failure_behind_raw(
-    ctx: Context, exc: BaseException, call: str, members: tuple[int, ...] | None = None
+    ctx: Context,
+    exc: BaseException,
+    call: str,
+    members: tuple[int, ...] | None = None,
+    waited: float | None = None,
 ) -> TetherError | None:
     """The failure behind an error out of a torch.distributed call tether did not make.
 
@@ -371,6 +375,12 @@ def failure_behind_raw(
     were not in a torch.distributed call (of ``members``, the ranks of the call's group,
     when known; else of all ranks); else the peers are asked where they are
     (``explain_backend_error``).
+
+    ``waited``: how long the call waited, when the caller knows. Without ``sync_timeout``
+    the timeout that expired is the group's own (the user's ``timeout=``, or torch's 30
+    minutes): it is a ``SyncTimeout`` too, after the time the call waited. It was a
+    ``BackendError`` naming nobody, and the report's root cause the launcher's guess,
+    "rank 0 failed: SystemExit: process exited with code 3" (``tests/jobs/unexplained.py``).
     """
     watchdog = ctx.watchdog
     if watchdog is None or ctx.channel is None:
@@ -382,6 +392,8 @@ def failure_behind_raw(
     world = all_ranks(ctx.channel.world_size)
     try:
         timeout = ctx.settings.timeout
+        if timeout is None and waited is not None:
+            timeout = round(waited, 1)
         if _is_timeout(exc) and timeout is not None:
             # a call on a subgroup waited for that group's members only: the verdict is theirs
             on = world if members is None else Group("g" + ".".join(map(str, members)), members, None)
