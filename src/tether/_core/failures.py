@@ -112,9 +112,10 @@ def _explained(ctx: Context) -> bool:
     exception. Before, it passed as a victim's: every rank ended with code 3 and nothing
     posted, and the report said "rank 0 failed: SystemExit: process exited with code 3",
     the launcher's guess (CI, stop 51: ``test_a_rank_stalled_in_training_costs_no_progress
-    _under_spawn_with_max_restarts``, after its restart; ``tests/jobs/unexplained.py``).
-    The wait lets a death a launcher or judge is about to post (a peer killed, whose
-    closed connections raised this error) come first, as the root cause it is.
+    _under_spawn_with_max_restarts``, after its restart; ``tests/jobs/lifecycle_root.py``,
+    ``weird backend``). The wait lets a death a launcher or judge is about to post (a
+    peer killed, whose closed connections raised this error) come first, as the root
+    cause it is.
     """
     assert ctx.channel is not None
     deadline = time.monotonic() + ROOT_WAIT

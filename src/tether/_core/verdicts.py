@@ -360,6 +360,9 @@ def _is_timeout(exc: BaseException) -> bool:
         return False
 
 
+MIN_OWN_TIMEOUT = 0.1  # seconds: see failure_behind_raw
+
+
 def failure_behind_raw(
     ctx: Context,
     exc: BaseException,
@@ -380,7 +383,8 @@ def failure_behind_raw(
     the timeout that expired is the group's own (the user's ``timeout=``, or torch's 30
     minutes): it is a ``SyncTimeout`` too, after the time the call waited. It was a
     ``BackendError`` naming nobody, and the report's root cause the launcher's guess,
-    "rank 0 failed: SystemExit: process exited with code 3" (``tests/jobs/unexplained.py``).
+    "rank 0 failed: SystemExit: process exited with code 3" (``tests/jobs/lifecycle_root.py``,
+    ``group-timeout``). A "timed out" sooner than ``MIN_OWN_TIMEOUT`` is no call's timeout.
     """
     watchdog = ctx.watchdog
     if watchdog is None or ctx.channel is None:
@@ -392,7 +396,7 @@ def failure_behind_raw(
     world = all_ranks(ctx.channel.world_size)
     try:
         timeout = ctx.settings.timeout
-        if timeout is None and waited is not None:
+        if timeout is None and waited is not None and waited >= MIN_OWN_TIMEOUT:
             timeout = round(waited, 1)
         if _is_timeout(exc) and timeout is not None:
             # a call on a subgroup waited for that group's members only: the verdict is theirs
