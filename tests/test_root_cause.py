@@ -169,6 +169,8 @@ def test_an_exception_that_is_hard_to_render_still_reaches_the_peer(kind: str, e
         assert late >= ROOT_WAIT, f"rank 0 raised {late:.1f} s after rank 1: it did not wait for slot 1"
     if kind == "backend":
         assert r0["orig_msg"] == "the backend failed and nobody's failure explains it (b4ck)", r0["orig_msg"][:200]
+        (lead,) = events(res, "launcher")  # the root cause exits as one (RAISED), not as a victim (3)
+        assert lead["exit_codes"] == {"0": 3, "1": 1}, lead
     # 3. the root cause, once
     roots = root_lines(res.stderr)
     assert len(roots) == 1 and roots[0].startswith(f"rank 1 failed: {exc_type}"), f"{roots}\n{tail(res, 1500)}"

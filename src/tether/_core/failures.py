@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from ..errors import BackendError, TetherError
+from ..errors import BackendError, ExitCode, TetherError
 from . import context, errorfile
 from .channel import ROOT_WAIT
 from .context import Context
@@ -85,6 +85,8 @@ def _report(ctx: Context, exc: BaseException) -> BaseException | None:
                     ctx.channel.wait_done(HOST_LINGER)
             _write_error_file(ctx, exc, root, victim=True)
         else:
+            if isinstance(exc, TetherError):  # nothing explains it (``_explained``): this rank's own
+                exc.exit_code = ExitCode.RAISED  # not PEER_FAILED, which says another rank failed
             record = ctx.post_own(exc, where)
             root = ctx.channel.root_cause() if record is not None and record.seq != 1 else record
             _write_error_file(ctx, exc, record, victim=False, root=root)
