@@ -20,9 +20,11 @@
         error that no posted failure explains (what tether raises for a backend error
         nobody's failure is behind).
     lifecycle_root.py group-timeout
-        2 ranks under ``timeout=4 s`` and no ``sync_timeout``: after a barrier rank 1 sleeps
-        in user code while rank 0 waits in a raw ``dist.all_reduce``, until the group's own
-        (gloo's) timeout expires.
+        2 ranks, no ``sync_timeout``; both make a group with ``timeout=4 s``. After a barrier
+        rank 1 sleeps in user code while rank 0 waits in a raw ``dist.all_reduce`` on that
+        group, until the group's own (gloo's) timeout expires. (A job-wide ``timeout=4 s``
+        bounds the job's own ``init_process_group`` too: under a loaded fresh-clone run rank
+        1's rendezvous timed out there first, waiting for rank 0's address.)
 
 Ranks print ``LC`` lines (``raised``, ``done``, ``struck``); the launcher prints
 ``LC {"event": "launcher", ...}`` per job (exc None: spawn returned) and exits 1 if any
@@ -123,20 +125,21 @@ def weird(local_rank: int, kind: str) -> None:
 def group_timeout(local_rank: int) -> None:
     rank = tether.get_rank()
     try:
+        group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=GROUP_TIMEOUT))
         tether.barrier()
         if rank == 1:
             emit("struck", rank=rank, time=time.time())
             time.sleep(60)  # alive, in user code: the verdict ends it
-        dist.all_reduce(torch.ones(1))
+        dist.all_reduce(torch.ones(1), group=group)
     except BaseException as exc:
         raised(rank, exc)
         raise
     emit("passed", rank=rank)
 
 
-def launch(fn: Callable[..., None], args: tuple[object, ...], nproc: int, job: int = 0, **options: object) -> bool:
+def launch(fn: Callable[..., None], args: tuple[object, ...], nproc: int, job: int = 0) -> bool:
     try:
-        tether.spawn("gloo", fn, args, nproc_per_node=nproc, **options)
+        tether.spawn("gloo", fn, args, nproc_per_node=nproc)
     except BaseException as exc:
         launcher_failed(exc, job=job)
         return False
@@ -159,7 +162,7 @@ def main() -> None:
             parallel.run(exits, int(sys.argv[2]))
         ok = True
     elif scenario == "group-timeout":
-        ok = launch(group_timeout, (), 2, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT))
+        ok = launch(group_timeout, (), 2)
     else:
         ok = launch(weird, (sys.argv[2],), 2)
     sys.exit(0 if ok else 1)
