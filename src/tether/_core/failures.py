@@ -29,7 +29,8 @@ def report_failure(exc: BaseException) -> BaseException | None:
     """Post this rank's own failure once, and write torchelastic's error file.
 
     ``sys.exit(0)`` is no failure. A tether error is a consequence of a failure already
-    posted: it is not posted again, and the error file names the root cause. A SIGTERM
+    posted: it is not posted again, and the error file names the root cause; one that no
+    posted failure explains is this rank's own (``_explained``). A SIGTERM
     (``Terminated``) that another rank's failure explains is a consequence too: that
     failure is returned (see ``_failure_behind_stop``).
     """
