@@ -184,8 +184,8 @@ def test_an_exception_that_is_hard_to_render_still_reaches_the_peer(kind: str, e
 @pytest.mark.timeout(120)
 def test_a_raw_call_that_outlives_the_groups_own_timeout_is_a_sync_timeout_naming_the_late_rank() -> None:
     # no sync_timeout: the timeout that expires is the group's (the user's timeout=, else
-    # torch's 30 minutes). It was a BackendError that named nobody, posted by nobody; both
-    # ranks exited 3 and the report said "rank 0 failed: SystemExit: process exited with code 3"
+    # torch's 30 minutes). It was a BackendError that named nobody, posted by nobody: rank 0
+    # exited 3, and the report said "rank 0 failed: SystemExit: process exited with code 3"
     res = python("lifecycle_root.py", "group-timeout", bound=90.0)
     # 1. bounded, and a failure
     assert res.returncode is not None, f"the job did not end within its bound\n{tail(res)}"
