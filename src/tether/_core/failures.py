@@ -73,8 +73,9 @@ def _report(ctx: Context, exc: BaseException) -> BaseException | None:
             report_failure(behind)
             return behind
     try:
-        if isinstance(exc, TetherError) and (_store_going(ctx) or _explained(ctx)):
-            if _store_going(ctx):
+        going = ctx.watchdog is not None and ctx.watchdog.store_going
+        if isinstance(exc, TetherError) and (going or _explained(ctx)):
+            if going:
                 # nobody is left to read a mark, and a torch client that writes to a closed
                 # store logs a warning with a C++ stack: the error file says what this rank knows
                 known = getattr(exc, "record", None)
@@ -100,10 +101,6 @@ def _report(ctx: Context, exc: BaseException) -> BaseException | None:
         # the store may be gone (its host died): then this line is the only trace of why
         log.warning("tether: could not post this rank's failure (%s: %s): %s", type(exc).__name__, exc, err)
     return None
-
-
-def _store_going(ctx: Context) -> bool:
-    return ctx.watchdog is not None and ctx.watchdog.store_going
 
 
 def _explained(ctx: Context) -> bool:
