@@ -39,6 +39,7 @@ from torch.distributed import TCPStore
 from _core import lc_events as events
 from _core import tail
 from _harness import JOBS, Result, free_port, python, run, torchrun
+from _torchrun_report import other_failures, root_cause
 from tether._core import lent, oldstore
 from tether._core.stores import StoreProbe
 
@@ -46,6 +47,7 @@ BOUND = 120.0
 SPAWN_REPORT = "tether: job failed. Root cause: "
 METHODS = ("env", "tcp", "file")
 LATE = 0.5  # as lifecycle_cycles.LATE
+INIT_TIMEOUT = 3.0  # as setup_late.INIT_TIMEOUT
 full = pytest.mark.full
 
 
@@ -244,6 +246,30 @@ def test_a_rank_that_starts_later_than_sync_timeout_still_joins_and_raw_waits_st
     assert 1.0 < after < 1.0 + 1.0 + 3.0, after  # sync_timeout, tether's margin (1 s), a whereabouts query
     assert res.stderr.count("rank(s) [1] did not arrive") >= 1, tail(res)
     assert res.returncode != 0, tail(res)
+    assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_not_started_within_the_jobs_own_timeout_is_named_by_a_sync_timeout() -> None:
+    # the job's timeout= bounds init_process_group's rendezvous; rank 1 is still in its
+    # imports. Before, gloo's store timeout became "rank 1 failed: Lost: its process stopped
+    # answering", after lost_after more (9.2 s in all, tried by hand): rank 1 was alive
+    res = torchrun("setup_late.py", "timeout", nproc=2, bound=60.0)
+    # 1. bounded, and a failure
+    assert res.returncode is not None and res.returncode != 0, tail(res)
+    # 2. rank 0 raised the timeout once its own expired and the query of where rank 1 is
+    (raised,) = events(res, "raised")
+    assert raised["rank"] == 0 and raised["exc"] == "SyncTimeout", raised
+    head = f"init_process_group(gloo) timed out after {INIT_TIMEOUT:g} s: rank(s) [1] did not arrive"
+    assert raised["msg"].startswith(head), raised
+    assert "rank 1: no answer: not started (it has not reached tether.initialize)" in raised["msg"], raised
+    assert INIT_TIMEOUT - 0.5 < raised["took"] < INIT_TIMEOUT + 1.0 + 2.0, raised  # + a query's 1 s
+    assert not events(res, "initialized"), tail(res)
+    # 3. the root cause: torchrun's summary carries rank 0's verdict on rank 1, with its code
+    entries = {**other_failures(res.stderr), root_cause(res.stderr).rank: root_cause(res.stderr)}
+    assert entries[0].exitcode == 4 and entries[0].traceback.startswith(f"SyncTimeout: {head}"), entries
+    assert f"[rank 0] stopped: SyncTimeout: {head}" in res.stderr, tail(res)
+    # 4. nothing left
     assert res.leftovers == [], f"processes left: {res.leftovers}\n{tail(res)}"
 
 

@@ -8,6 +8,13 @@ must come up. Then rank 1 stalls in user code while rank 0 waits for it in a raw
 ``dist.all_reduce``: that wait is bounded by ``sync_timeout`` (plus tether's margin), as
 every wait is once the group exists. Before, the group was created with the
 ``sync_timeout`` bound, and rank 0 raised ``SyncTimeout`` inside ``init_process_group``.
+
+    torchrun --nproc_per_node 2 setup_late.py timeout
+
+The job's own ``timeout=INIT_TIMEOUT`` bounds the start-up, as it bounds torch's
+``init_process_group``: rank 1 is still in its imports (asleep, ``NEVER`` seconds) when
+rank 0's rendezvous gives up waiting for it. Rank 0 raises a ``SyncTimeout`` naming rank
+1; then torchrun ends rank 1.
 """
 
 import time
@@ -16,10 +23,17 @@ from lifecycle_common import emit, safe_str
 
 LATE = 3.0
 TIMEOUT = 1.0
+INIT_TIMEOUT = 3.0
+NEVER = 60.0
 
 
 def main() -> None:
     import os
+    import sys
+
+    if sys.argv[1:] == ["timeout"]:
+        never_comes()
+        return
 
     import torch
     import torch.distributed as dist
@@ -42,6 +56,24 @@ def main() -> None:
     except BaseException as exc:
         emit("raised", rank=rank, exc=type(exc).__name__, msg=safe_str(exc)[:400], time=time.time())
         raise
+
+
+def never_comes() -> None:
+    import datetime
+    import os
+
+    import tether
+
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        time.sleep(NEVER)
+    began = time.time()
+    try:
+        tether.initialize("gloo", timeout=datetime.timedelta(seconds=INIT_TIMEOUT))
+    except BaseException as exc:
+        emit("raised", rank=rank, exc=type(exc).__name__, msg=safe_str(exc)[:400], took=time.time() - began)
+        raise
+    emit("initialized", rank=rank)
 
 
 if __name__ == "__main__":

@@ -261,6 +261,13 @@ def run_outside(call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     return _outside(call, None, fn, args, kwargs)
 
 
+def run_creation(call: str, bound: float, fn: Callable[..., Any], *args: Any) -> Any:
+    """``run_outside`` for ``fn``, which makes a group under a timeout of ``bound`` seconds:
+    a timeout out of its rendezvous is a ``SyncTimeout`` after ``bound``, naming the ranks
+    that did not come (``verdicts.failure_behind_raw``)."""
+    return _outside(call, None, fn, args, {}, bound=bound)
+
+
 def _outside(
     call: str,
     signature: inspect.Signature | None,
@@ -268,10 +275,12 @@ def _outside(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     p2p: bool = False,
+    bound: float | None = None,
 ) -> Any:
     """``run_outside``; ``fn``'s ``signature`` finds the ranks the call waited for, after a failure only.
 
-    ``p2p``: ``fn`` is a point-to-point call, which waits for its peer alone.
+    ``p2p``: ``fn`` is a point-to-point call, which waits for its peer alone. ``bound``:
+    see ``run_creation``.
     """
     if torch.compiler.is_compiling():  # see _compiled
         return fn(*args, **kwargs)
@@ -294,7 +303,7 @@ def _outside(
         try:
             ranks = _group_ranks(signature, args, kwargs, p2p) if signature is not None else None
             waited = time.monotonic() - start
-            failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"), ranks, waited)
+            failure = failure_behind_raw(ctx, exc, call.removesuffix(f" {OUTSIDE}"), ranks, waited, bound)
         except Terminated:  # the launcher's SIGTERM while this rank asks: a peer died
             failure = failure_behind_stop(ctx)
         if failure is None:

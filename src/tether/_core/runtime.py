@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch.distributed as dist
+import torch.distributed.constants as dist_constants
 from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
 
 from .. import _slurm
@@ -98,8 +99,9 @@ def start(
     ctx.hooks.install_signals()
     try:
         with nccl.error_handling(backend):
-            rawcalls.run_outside(
+            rawcalls.run_creation(
                 f"init_process_group({backend}) {OUTSIDE}",
+                _creation_bound(backend, setup),
                 _create_group,
                 ctx,
                 native,
@@ -117,6 +119,15 @@ def start(
     ctx.hooks.install_excepthooks()  # only now: they must be outermost (see there)
     _all_made(ctx, setup)
     return ctx
+
+
+def _creation_bound(backend: str, setup: datetime.timedelta | None) -> float:
+    """Seconds the job's group may take to be made: the set-up's timeout, else torch's default."""
+    if setup is not None:
+        return setup.total_seconds()
+    nccl_default = dist_constants.default_pg_nccl_timeout if backend == "nccl" else None
+    default = nccl_default if isinstance(nccl_default, datetime.timedelta) else dist_constants.default_pg_timeout
+    return default.total_seconds()
 
 
 def _all_made(ctx: Context, setup: datetime.timedelta | None) -> None:

@@ -109,6 +109,21 @@ def expire(ctx: Context, group: Group, seq: int, signature: str, timeout: float,
     return post_and_pick(ctx, record, own)
 
 
+NO_ANSWER = "no answer: frozen, dead, or holding the GIL"
+NOT_STARTED = "no answer: not started (it has not reached tether.initialize)"
+
+
+def _whereabouts(ctx: Context, answers: Answers, ranks: list[int]) -> dict[int, str]:
+    """rank -> its answer, for ``ranks``; one that did not answer is told apart from one not
+    yet started, which never said where it runs (one store read, only then)."""
+    assert ctx.channel is not None
+    where = {r: answers.get(r, NO_ANSWER) for r in ranks}
+    if any(r not in answers for r in ranks):
+        registered = ctx.channel.registered()
+        where.update({r: NOT_STARTED for r in ranks if r not in answers and r not in registered})
+    return where
+
+
 def _who_is_missing(ctx: Context, group: Group, at: str) -> tuple[Answers, list[int], dict[int, str], list[int]]:
     """Ask ``group``'s members where they are: the answers, the members not at ``at``, their
     whereabouts, and those of them that wait inside a call of their own."""
@@ -116,7 +131,7 @@ def _who_is_missing(ctx: Context, group: Group, at: str) -> tuple[Answers, list[
     me = ctx.channel.rank
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
     missing = [r for r in group.members if r != me and not answers.get(r, "").split("\n", 1)[0].endswith(at)]
-    where = {r: answers.get(r, "no answer: frozen, dead, or holding the GIL") for r in missing}
+    where = _whereabouts(ctx, answers, missing)
     waiting = [r for r in missing if _in_a_call(where[r])]
     return answers, missing, where, waiting
 
@@ -257,9 +272,8 @@ def warn_stall(ctx: Context, group: Group, seq: int, signature: str, elapsed: fl
     answers = ctx.channel.ask_whereabouts(group.members, ctx.settings.answer_within)
     where = f"{signature} {tag(group, seq)}" if seq else signature  # seq 0: a wait outside tether
     lines = [f"tether: rank {ctx.channel.rank} has waited {elapsed:.0f} s in {where}:"]
-    for r in group.members:
-        if r != ctx.channel.rank:
-            lines.append(f"  rank {r}: {answers.get(r, 'no answer: frozen, dead, or holding the GIL')}")
+    others = [r for r in group.members if r != ctx.channel.rank]
+    lines.extend(f"  rank {r}: {text}" for r, text in _whereabouts(ctx, answers, others).items())
     log.warning("\n".join(lines))
 
 
@@ -353,11 +367,16 @@ def _silent(ctx: Context, ranks: list[int]) -> list[int]:
 OUTSIDE = "(outside tether)"  # how a rank in a torch.distributed call ends its whereabouts' first line
 
 
-def _is_timeout(exc: BaseException) -> bool:
+def _is_timeout(exc: BaseException, creating: bool = False) -> bool:
+    """A backend's timeout ("Timed out waiting 4000ms for recv operation"); while a group
+    is made (``creating``), also its rendezvous's store wait ("DistStoreError: wait
+    timeout after 3000ms, keys: ...": a member never published its address, as one that
+    starts late does). A store wait of the user's that times out is the user's error."""
     try:
-        return "timed out" in str(exc).lower()
+        text = str(exc).lower()
     except Exception:
         return False
+    return "timed out" in text or (creating and isinstance(exc, dist.DistStoreError) and "timeout" in text)
 
 
 MIN_OWN_TIMEOUT = 0.1  # seconds: see failure_behind_raw
@@ -369,6 +388,7 @@ def failure_behind_raw(
     call: str,
     members: tuple[int, ...] | None = None,
     waited: float | None = None,
+    bound: float | None = None,
 ) -> TetherError | None:
     """The failure behind an error out of a torch.distributed call tether did not make.
 
@@ -385,6 +405,13 @@ def failure_behind_raw(
     ``BackendError`` naming nobody, and the report's root cause the launcher's guess,
     "rank 0 failed: SystemExit: process exited with code 3" (``tests/jobs/lifecycle_root.py``,
     ``group-timeout``). A "timed out" sooner than ``MIN_OWN_TIMEOUT`` is no call's timeout.
+
+    ``bound``: the timeout a group's creation ran under (the job's own group is made under
+    the set-up's timeout, which ``sync_timeout`` does not bound: ``runtime.start``); its
+    rendezvous's store timeout is a ``SyncTimeout`` naming the ranks that did not come.
+    It was a ``PeerLost`` for a rank that was alive, still in its imports: "rank 1 failed:
+    Lost: its process stopped answering (the backend said: wait timeout after 3000ms ...)",
+    after ``lost_after`` more (``tests/jobs/setup_late.py``, ``timeout``).
     """
     watchdog = ctx.watchdog
     if watchdog is None or ctx.channel is None:
@@ -395,10 +422,10 @@ def failure_behind_raw(
         return None
     world = all_ranks(ctx.channel.world_size)
     try:
-        timeout = ctx.settings.timeout
+        timeout = ctx.settings.timeout if bound is None else bound
         if timeout is None and waited is not None and waited >= MIN_OWN_TIMEOUT:
             timeout = round(waited, 1)
-        if _is_timeout(exc) and timeout is not None:
+        if _is_timeout(exc, creating=bound is not None) and timeout is not None:
             # a call on a subgroup waited for that group's members only: the verdict is theirs
             on = world if members is None else Group("g" + ".".join(map(str, members)), members, None)
             return watchdog.taken(expire(ctx, on, 0, call, timeout, at=OUTSIDE))
