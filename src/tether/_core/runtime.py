@@ -54,7 +54,8 @@ from .watchdog import Watchdog, WatchdogConfig
 log = logging.getLogger("tether")
 
 # How long the ranks may take to meet when the group is created, under ``sync_timeout``
-# and without a ``timeout=`` of the user's: the store's own timeout. ``sync_timeout``
+# and without a ``timeout=`` of the user's: the store's own timeout (gloo's rendezvous
+# waits for the group's timeout, not the store's: without either, torch's 30 minutes). ``sync_timeout``
 # bounds every wait once the group exists (``_set_pg_timeout``), not the start-up, where
 # ranks reach ``init_process_group`` as far apart as their imports take: with
 # ``sync_timeout=3`` a 4-rank job on a loaded 2-core machine failed in ``init`` itself.
@@ -92,7 +93,8 @@ def start(
     assert ctx.hooks is not None
     # The group is made under the watchdog: NCCL's eager communicator set-up (``device_id``)
     # and gloo's rendezvous block in C++, where a peer that fails or never comes would
-    # otherwise hold this rank until the store's timeout (5 minutes). Here this rank's
+    # otherwise hold this rank until the group's timeout (``setup``, else torch's 30
+    # minutes). Here this rank's
     # whereabouts say where it is, a stall is reported, a backend error gets the true
     # story, a peer's failure reaches the ladder, which ends the wait within ``grace``, and
     # a launcher's SIGTERM becomes the failure behind it (``Hooks.install_signals``).
