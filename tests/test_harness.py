@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,18 @@ def test_a_job_that_sets_a_variable_read_when_python_starts_gets_a_fresh_interpr
     res = python("harness_probe.py", "exit-3", bound=BOUND, env={"PYTHONHASHSEED": "7"})
     assert res.returncode == 3
     assert json.loads(res.stdout)["torch_imported"] is False
+
+
+def test_a_port_drawn_for_one_job_is_not_drawn_again_for_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _harness import _jobs_common
+
+    common = _jobs_common()
+    monkeypatch.setattr(common, "_DRAWN", str(tmp_path))
+    first = common.free_port()
+    draws = iter([first, first, first + 1 if first + 1 < 32768 else first - 1])
+    monkeypatch.setattr(common._DRAW, "randrange", lambda *_: next(draws))
+    # the same number drawn twice: the second draw (another test's, in its own process,
+    # where the file is all they share) goes on to the next
+    assert common.free_port() != first

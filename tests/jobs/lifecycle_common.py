@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -133,6 +134,12 @@ def launcher_failed(exc: BaseException, **extra: Any) -> None:
 
 
 _DRAW = random.SystemRandom()  # not the random module's state, which a test or job may seed
+# Ports drawn by any test or job of this machine, each a file made when drawn: a port is
+# not drawn again while its file is younger than ``_HELD`` seconds. A job that draws its
+# ports at its start and listens on one ten seconds later lost it once to another test's
+# draw meanwhile (EADDRINUSE, ``lifecycle_cycles.py``'s third round, 2026-12-07).
+_DRAWN = os.path.join(tempfile.gettempdir(), "tether-test-ports")
+_HELD = 600.0
 
 
 def free_port() -> int:
@@ -156,10 +163,28 @@ def free_port() -> int:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        return port
+        if _hold(port):
+            return port
     with socket.socket() as s:  # the range below is all taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _hold(port: int) -> bool:
+    """Mark ``port`` drawn; False if another draw holds it (see ``_DRAWN``)."""
+    os.makedirs(_DRAWN, exist_ok=True)
+    path = os.path.join(_DRAWN, str(port))
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - os.stat(path).st_mtime < _HELD:
+                return False
+            os.utime(path)  # an old draw's: taken over
+            return True
+        except OSError:
+            return False
 
 
 def start(argv: Sequence[str], env: dict[str, str] | None = None, stderr: Any = None) -> subprocess.Popen[bytes]:
