@@ -54,11 +54,12 @@ from .watchdog import Watchdog, WatchdogConfig
 log = logging.getLogger("tether")
 
 # How long the ranks may take to meet when the group is created, under ``sync_timeout``
-# and without a ``timeout=`` of the user's: the store's own timeout (gloo's rendezvous
-# waits for the group's timeout, not the store's: without either, torch's 30 minutes). ``sync_timeout``
-# bounds every wait once the group exists (``_set_pg_timeout``), not the start-up, where
-# ranks reach ``init_process_group`` as far apart as their imports take: with
-# ``sync_timeout=3`` a 4-rank job on a loaded 2-core machine failed in ``init`` itself.
+# and without a ``timeout=`` of the user's: the store's own timeout. (gloo's rendezvous
+# waits for the group's timeout, not the store's: without either, torch's 30 minutes.)
+# ``sync_timeout`` bounds every wait once the group exists (``_set_pg_timeout``), not
+# the start-up, where ranks reach ``init_process_group`` as far apart as their imports
+# take: with ``sync_timeout=3`` a 4-rank job on a loaded 2-core machine failed in
+# ``init`` itself.
 # A rank that fails or is lost meanwhile still ends the wait within ``grace`` (the ladder).
 SETUP_TIMEOUT = datetime.timedelta(minutes=5)
 
@@ -94,10 +95,11 @@ def start(
     # The group is made under the watchdog: NCCL's eager communicator set-up (``device_id``)
     # and gloo's rendezvous block in C++, where a peer that fails or never comes would
     # otherwise hold this rank until the group's timeout (``setup``, else torch's 30
-    # minutes). Here this rank's
-    # whereabouts say where it is, a stall is reported, a backend error gets the true
-    # story, a peer's failure reaches the ladder, which ends the wait within ``grace``, and
-    # a launcher's SIGTERM becomes the failure behind it (``Hooks.install_signals``).
+    # minutes). Here this rank's whereabouts say where it is, a stall is reported, a
+    # backend error gets the true story (a rendezvous that times out: a ``SyncTimeout``
+    # naming the ranks that did not come), a peer's failure reaches the ladder, which ends
+    # the wait within ``grace``, and a launcher's SIGTERM becomes the failure behind it
+    # (``Hooks.install_signals``).
     ctx.hooks.install_signals()
     try:
         with nccl.error_handling(backend):
