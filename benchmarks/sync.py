@@ -58,6 +58,11 @@ What is compared (µs per call):
   functions as tether wraps them with ``sync_timeout`` set (marked, and waiting on the
   async work with the job's bound) vs torch's own.
 
+Beside the wall time, each batch records the CPU time of the calling thread
+(``time.thread_time``) and of the whole process (``time.process_time``), mean over ranks:
+the CPU a contender adds to its baseline's per call is an absolute cost that the load of
+2 busy cores moves much less than a wall-clock ratio (the last section of the result).
+
 "raw dist" calls torch's own functions (``torch.distributed.distributed_c10d``): in a
 process tether watches, ``torch.distributed.all_reduce`` and friends are tether's
 marking wrappers (``tether/_core/rawcalls.py``), and ignite's calls go through them, so
@@ -306,6 +311,9 @@ def worker(rounds: int, quick: bool, batch_s: float, chunks: int, pin: bool) -> 
     rows = list(dict.fromkeys(row for row, _, _, _ in contenders))
     members = {row: [i for i, c in enumerate(contenders) if c[0] == row] for row in rows}
     samples: list[list[float]] = [[] for _ in contenders]
+    # CPU per call, beside the wall time: the calling thread's, and the whole process's
+    # (gloo's threads, tether's), which a wall-clock ratio on 2 busy cores cannot isolate
+    cpu: dict[str, list[list[float]]] = {"thread": [[] for _ in contenders], "process": [[] for _ in contenders]}
     for r in range(rounds):
         shift = r % len(rows)
         order = rows[shift:] + rows[:shift]
@@ -316,25 +324,43 @@ def worker(rounds: int, quick: bool, batch_s: float, chunks: int, pin: bool) -> 
             mine = members[row]
             parts = max(1, min(chunks, *(counts[i] for i in mine)))
             spent = dict.fromkeys(mine, 0.0)
+            used = {i: [0.0, 0.0] for i in mine}
             for c in range(parts):
                 for i in mine[c % len(mine) :] + mine[: c % len(mine)]:
                     call, n = contenders[i][2], counts[i] // parts
                     dist.barrier()
+                    c0, p0 = time.thread_time(), time.process_time()
                     t0 = time.perf_counter()
                     for _ in range(n):
                         call()
                     spent[i] += time.perf_counter() - t0
+                    used[i][0] += time.thread_time() - c0
+                    used[i][1] += time.process_time() - p0
             for i in mine:
-                samples[i].append(spent[i] / (counts[i] // parts * parts) * 1e6)
+                calls = counts[i] // parts * parts
+                samples[i].append(spent[i] / calls * 1e6)
+                cpu["thread"][i].append(used[i][0] / calls * 1e6)
+                cpu["process"][i].append(used[i][1] / calls * 1e6)
     # slowest rank per batch: gather outside any timing
     mine = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    spent_cpu = {k: torch.tensor(v, dtype=torch.float64) for k, v in cpu.items()}
+    for v in spent_cpu.values():  # the mean over ranks: what a rank spends
+        dist.all_reduce(v)
+        v /= world
     if rank == 0:
         result = {
             "world": world,
             "rounds": rounds,
             "rows": [
-                {"op": op, "who": who, "calls": counts[i], "us": mine[i].tolist()}
+                {
+                    "op": op,
+                    "who": who,
+                    "calls": counts[i],
+                    "us": mine[i].tolist(),
+                    "cpu_us": spent_cpu["thread"][i].tolist(),
+                    "process_cpu_us": spent_cpu["process"][i].tolist(),
+                }
                 for i, (op, who, _, _) in enumerate(contenders)
             ],
         }
@@ -423,6 +449,28 @@ def table(results: list[dict[str, object]]) -> str:
             cells.append(f"{med:,.0f} ({iqr:.0f}%) | {ratio}")
         lines.append(f"| {op} | {who} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def cpu_costs(results: list[dict[str, object]]) -> list[str]:
+    """Per targeted contender, the CPU it adds to its baseline's per call: median of the
+    per-round differences, with their quartiles (mean over ranks), the calling thread's and
+    the whole process's."""
+    import _proc
+
+    out = []
+    for res in results:
+        rows = {(row["op"], row["who"]): row for row in res["rows"]}  # type: ignore[attr-defined]
+        for op, who, base, _ in TARGETS:
+            mine, theirs = rows.get((op, who)), rows.get((op, base))
+            if mine is None or theirs is None or "cpu_us" not in mine:
+                continue
+            cells = []
+            for key, what in (("cpu_us", "calling thread"), ("process_cpu_us", "process")):
+                q1, med, q3 = _proc.quartiles([a - b for a, b in zip(mine[key], theirs[key], strict=True)])
+                own = statistics.median(theirs[key])
+                cells.append(f"{med:+.1f} µs of the {what}'s (IQR {q1:+.1f} to {q3:+.1f}; {base}: {own:.1f})")
+            out.append(f"{res['world']} ranks: {op}: {who} - {base}, CPU per call: " + ", ".join(cells))
+    return out
 
 
 def verdicts(results: list[dict[str, object]]) -> list[str]:
@@ -530,6 +578,12 @@ def main() -> None:
             table(results),
             "",
             *verdicts(results),
+            "",
+            "CPU per call that a contender adds to its baseline's (``time.thread_time`` of the calling thread "
+            "and ``time.process_time`` around the same batches; mean over ranks, median of the per-round "
+            "differences): an absolute cost, which the machine's load moves less than a wall-clock ratio.",
+            "",
+            *cpu_costs(results),
         ]
     )
     print()

@@ -26,10 +26,12 @@ deletes them while this rank goes on: ``janitor.py``).
 **Collectives** are issued with ``async_op=True`` and waited on with a ``threading.Event``
 that both the work's completion callback and the watchdog can set, so a failure posted
 anywhere wakes the caller within milliseconds (``benchmarks/results/faults.md``); gloo
-cannot be woken any other way. The callback runs on gloo's thread, which it first makes
-keep its Python thread state, and until every gloo thread of the group has (at most its
-first 100), each collective carries one more callback that does only that
-(``threadstates.py``: else a fork can hang its child). On NCCL, whose futures complete
+cannot be woken any other way. On gloo the first 5 ms are a wait in C++ (``_fast_wait``),
+and a collective that ended within them never set this rank's whereabouts (``run_work``).
+The callback runs on gloo's thread, which it first makes keep its Python thread state,
+and until every gloo thread of the group has (at most its first 100), each collective
+carries one more callback that does only that (``threadstates.py``: else a fork can hang
+its child). On NCCL, whose futures complete
 when the kernel is enqueued, the wait polls ``work.is_completed()`` instead, in short
 slices on an event only the watchdog sets (``_wait_polled``; ``docs/nccl.md``). A
 collective still waiting after ``check_after`` seconds adds its signature to the same gate
@@ -115,6 +117,16 @@ def in_call(ctx: Context, call: str) -> Iterator[None]:
     """
     check_thread(call)
     ctx.check()
+    with _marked(ctx, call):
+        try:
+            yield
+        except Terminated as stop:  # a launcher's SIGTERM while this rank waits: usually because a peer died
+            raise_behind_stop(ctx, stop)
+
+
+@contextmanager
+def _marked(ctx: Context, call: str) -> Iterator[None]:
+    """This rank's whereabouts are ``call`` in this block, then what they were."""
     watchdog = ctx.watchdog
     if watchdog is None:
         yield
@@ -123,8 +135,6 @@ def in_call(ctx: Context, call: str) -> Iterator[None]:
     watchdog.current_call = call
     try:
         yield
-    except Terminated as stop:  # a launcher's SIGTERM while this rank waits: usually because a peer died
-        raise_behind_stop(ctx, stop)
     finally:
         watchdog.call_state = previous
 
@@ -320,6 +330,13 @@ def run_work(
     Either way, the error an issue raises after an abort ("NCCL error ... internal error")
     gets the true story, as one out of the wait does.
 
+    On gloo, the whereabouts are set only once the first slice of the wait
+    (``_fast_wait``, 5 ms in C++) has passed without the work's end: nothing asks where a
+    rank is that soon (a stall report, a timeout's verdict and a crossed wait come seconds
+    later), and most collectives end within it. Marking the call and putting the mark back
+    cost the calling thread 4.7 us of CPU per all_reduce of one int at 2 ranks, about half
+    of what tether added to torch's own call (``benchmarks/sync.py``'s CPU section).
+
     Args:
         polled: wait by polling ``work.is_completed()`` (see ``_wait_polled``); None: when
             the backend's futures complete at enqueue (NCCL).
@@ -331,19 +348,24 @@ def run_work(
     if work is not None and (keep := ctx.keeper.callback(group.key, group.pg)) is not None:
         work.get_future().add_done_callback(keep)  # a gloo thread has not kept its state: threadstates.py
     seq = ctx.next_seq(group.key)
+    state = _PENDING
+    if work is not None:
+        check_thread(signature)
+        try:
+            state = _fast_wait(ctx, work)
+        except Terminated as stop:  # its handler ran as the slice ended: a launcher's stop
+            with _marked(ctx, f"{signature} {tag(group, seq)}"):
+                raise_behind_stop(ctx, stop)
+        if state == _SUCCEEDED:
+            return  # the timed wait returned without raising: nothing more to ask the work
     with in_call(ctx, f"{signature} {tag(group, seq)}"):
         if work is None:
             work = _issue(ctx, issue, group)
-        if polled:
             _wait_polled(ctx, work, group, seq, signature, timeout)
-        else:
-            state = _fast_wait(ctx, work)
-            if state == _SUCCEEDED:
-                return  # the timed wait returned without raising: nothing more to ask the work
-            if state == _PENDING:
-                done = threading.Event()
-                work.get_future().add_done_callback(functools.partial(_woken, done))
-                _wait_event(ctx, done, group, seq, signature, timeout)
+        elif state == _PENDING:
+            done = threading.Event()
+            work.get_future().add_done_callback(functools.partial(_woken, done))
+            _wait_event(ctx, done, group, seq, signature, timeout)
         try:
             _wait_on(work)  # after completion: raises the work's error, if any (NCCL: orders the current stream)
         except RuntimeError as exc:
