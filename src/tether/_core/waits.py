@@ -333,9 +333,10 @@ def run_work(
     On gloo, the whereabouts are set only once the first slice of the wait
     (``_fast_wait``, 5 ms in C++) has passed without the work's end: nothing asks where a
     rank is that soon (a stall report, a timeout's verdict and a crossed wait come seconds
-    later), and most collectives end within it. Marking the call and putting the mark back
-    cost the calling thread 4.7 us of CPU per all_reduce of one int at 2 ranks, about half
-    of what tether added to torch's own call (``benchmarks/sync.py``'s CPU section).
+    later), and most collectives end within it. With the call marked before the slice,
+    an all_reduce of one int cost the calling thread 15.7 / 29.1 us of CPU more than torch's
+    own call at 2 / 4 ranks; marked after it, 8.3 / 18.6 us (``benchmarks/sync.py``'s CPU
+    section, ``results/sync-5946562.md`` and ``results/sync-35e0db7.md``).
 
     Args:
         polled: wait by polling ``work.is_completed()`` (see ``_wait_polled``); None: when
