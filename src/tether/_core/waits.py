@@ -31,12 +31,12 @@ and a collective that ended within them never set this rank's whereabouts (``run
 The callback runs on gloo's thread, which it first makes keep its Python thread state,
 and until every gloo thread of the group has (at most its first 100), each collective
 carries one more callback that does only that (``threadstates.py``: else a fork can hang
-its child). On NCCL, whose futures complete
-when the kernel is enqueued, the wait polls ``work.is_completed()`` instead, in short
-slices on an event only the watchdog sets (``_wait_polled``; ``docs/nccl.md``). A
-collective still waiting after ``check_after`` seconds adds its signature to the same gate
-counter, so a rank in a different sync is found (the slow path; free when fast), and takes
-it back once done: the last to leave deletes it.
+its child). On NCCL, whose futures complete when the kernel is enqueued, the wait polls
+``work.is_completed()`` instead, in short slices on an event only the watchdog sets
+(``_wait_polled``; ``docs/nccl.md``). A collective still waiting after ``check_after``
+seconds adds its signature to the same gate counter, so a rank in a different sync is
+found (the slow path; free when fast), and takes it back once done: the last to leave
+deletes it.
 
 **Threads**: syncs run on the main thread only (``check_thread``).
 
