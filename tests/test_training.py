@@ -140,8 +140,8 @@ def test_a_peer_failing_before_a_tensor_parallel_forward_is_a_peer_failure_out_o
     assert [e["exact"] for e in lc_events(res, "step")] == [True, True]  # step 1 equals the unsharded layer
     (fault,) = lc_events(res, "fault")
     e = survivors(res)[0]
-    expected = ("PeerFailure", 1, "ValueError", "shard 0.1 lost on rank 1")
-    assert (e["exc"], e["failing"], e["orig_type"], e["orig_msg"]) == expected, e
+    expected = ("PeerFailure", 1, "ValueError", "shard 0.1 lost on rank 1", True)
+    assert (e["exc"], e["failing"], e["orig_type"], e["orig_msg"], e["forward"]) == expected, e
     assert float(e["time"]) - float(fault["time"]) < NOTICE_S  # type: ignore[arg-type]
     root = root_cause(res.stderr)
     assert root.rank == 1 and "ValueError: shard 0.1 lost on rank 1" in root.traceback, root.text
@@ -153,7 +153,7 @@ def test_a_stall_before_a_tensor_parallel_forward_is_a_sync_timeout_naming_funco
     res = torchrun("tensor_parallel.py", "stall", nproc=2, bound=BOUND, env={"OMP_NUM_THREADS": "1"})
     assert res.returncode == 1 and res.elapsed < BOUND, res.output[-3000:]
     e = survivors(res)[0]
-    assert e["exc"] == "SyncTimeout", e
+    assert e["exc"] == "SyncTimeout" and e["forward"], e
     assert str(e["msg"]).startswith("funcol.wait_tensor timed out after 3 s: rank(s) [1] did not arrive"), e
     # gloo's timeout is sync_timeout + 1 s, then one whereabouts query (1 s at most)
     assert TIMEOUT_S < float(e["after"]) < TIMEOUT_S + 1.0 + 1.0 + NOTICE_S, e  # type: ignore[arg-type]

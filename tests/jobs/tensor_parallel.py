@@ -39,20 +39,26 @@ def main() -> None:
     out = layer(x)
     out = out.full_tensor() if hasattr(out, "full_tensor") else out
     emit("step", rank=rank, exact=torch.equal(out, full(x)), shape=list(out.shape))
-    # both ranks are past step 1: a failure posted while a rank still read step 1's gathered
-    # output would meet that wait (funcol's wait raises a known failure at once, seen under
-    # a --full run's load: rank 0 never reported step 1)
-    tether.barrier()
     began = time.time()
+    forward = False
     try:
+        # both ranks are past step 1: a failure posted while a rank still read step 1's
+        # gathered output would meet that wait (funcol's wait raises a known failure at once,
+        # seen under a --full run's load: rank 0 never reported step 1). Inside the try: rank
+        # 1 may leave the barrier first, and a failure can reach rank 0 still in it (seen in
+        # CI: rank 0 stopped, nothing reported); ``forward`` tells the test where it was
+        tether.barrier()
         if rank == 1:
-            emit("fault", rank=rank, time=began)
+            if mode == "raise":
+                time.sleep(0.5)  # rank 0 is in the forward's wait by then
+            emit("fault", rank=rank, time=time.time())
             if mode == "raise":
                 raise ValueError("shard 0.1 lost on rank 1")
             time.sleep(60)
+        forward = True
         layer(x)  # waits for rank 1's output shard
     except BaseException as exc:
-        raised(rank, exc, after=time.time() - began, pid=os.getpid())
+        raised(rank, exc, after=time.time() - began, pid=os.getpid(), forward=forward)
         raise
 
 
