@@ -26,8 +26,8 @@ def train(local_rank: int) -> None:
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # as a daemon: not the job's output
     detached = subprocess.Popen(["sleep", "600"], start_new_session=True, **quiet)  # type: ignore[call-overload]
     emit("helpers", rank=rank, ours=[helper.pid, shell.pid], detached=detached.pid)
-    tether.barrier()
     try:
+        tether.barrier()  # in the try: rank 1 may leave it first, and its failure reach rank 0 in it
         if rank == 1:
             raise ValueError("injected failure 0.1 on rank 1")
         tether.barrier()
