@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tether as idist
-from _core import JOB_BOUND, TEST_TIMEOUT, assert_ended, assert_no_leftovers, lines, results, tail
+from _core import JOB_BOUND, TEST_TIMEOUT, assert_ended, assert_no_leftovers, lc_events, lines, results, tail
 from _harness import python, torchrun
 
 
@@ -43,6 +43,27 @@ def test_every_collective_round_trips_every_type_on_gloo(launcher: str, world: i
     counts = {d["count"] for d in checks.values()}
     assert len(counts) == 1 and counts.pop() > 50, checks  # every rank ran every check
     assert all(d["exc"] is None for d in results(res).values()), tail(res)
+    assert_no_leftovers(res)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_a_collective_that_skips_the_5_ms_timed_wait_still_raises_a_peers_failure() -> None:
+    # a gloo collective whose last run outlived the 5 ms wait in C++ waits on the event at
+    # once (a timed-out wait cost ~125 us of CPU); a run within 5 ms gives the slice back
+    res = python("outlived_slice.py", bound=JOB_BOUND)
+    assert_ended(res)
+    assert res.returncode == 7, tail(res)
+    rounds = [(e["late"], e["outlived"]) for e in lc_events(res, "round") if e["rank"] == 0]
+    signature = ["all_reduce(SUM, float32[4])"]
+    assert rounds == [(True, signature), (False, []), (True, signature)], tail(res)
+    (fault,) = lc_events(res, "fault")
+    (e,) = (e for e in lc_events(res, "raised") if e["rank"] == 0)
+    assert e["outlived"] == signature, e  # the failing call skipped the slice
+    expected = ("PeerFailure", 1, "ValueError", "rank 1 failed 0.1 into a long all_reduce")
+    assert (e["exc"], e["failing"], e["orig_type"], e["orig_msg"]) == expected, e
+    assert float(e["time"]) - float(fault["time"]) < 2.0, (e, fault)  # type: ignore[arg-type]
+    root = "Root cause: rank 1 failed: ValueError: rank 1 failed 0.1 into a long all_reduce"
+    assert res.stderr.count(root) + res.stdout.count(root) == 1, tail(res)
     assert_no_leftovers(res)
 
 

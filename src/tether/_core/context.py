@@ -81,6 +81,9 @@ class Context:
     stop_was_own: bool = False  # a SIGTERM's cause was asked for: none but this rank (``verdicts``)
     wrote_own_error: bool = False  # tether wrote the error file for this rank's own failure, or for its blame
     keeper: Keeper = dataclasses.field(default_factory=Keeper)  # gloo threads' Python states (threadstates.py)
+    # (group, signature) of collectives whose last run outlived gloo's 5 ms timed wait: the
+    # next skips it (``waits.run_work``)
+    outlived: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
     def next_seq(self, group: str) -> int:
         """The number of this process's next sync on ``group`` (same on every member)."""
