@@ -340,10 +340,11 @@ def run_work(
     section, ``results/sync-5946562.md`` and ``results/sync-35e0db7.md``).
 
     A slice that expires costs more than it saves: gloo raises "Operation timed out!" as a
-    C++ error, which cost the calling thread about 125 us of CPU here (a 64 MiB all_reduce
-    at 2 ranks: 446 us of its CPU with the slice, 299 us without). So a collective whose last
-    run with the same signature on the same group outlived the slice waits on the event at
-    once, and gets the slice back once a run ends within 5 ms (``ctx.outlived``).
+    C++ error. So a collective whose last run with the same signature on the same group
+    outlived the slice waits on the event at once, and gets the slice back once a run ends
+    within 5 ms (``ctx.outlived``). A 64 MiB all_reduce cost the calling thread 337 / 308 us
+    of CPU more than torch's own call at 2 / 4 ranks with the slice, 166 / 156 us without
+    it (``results/sync-77c0318.md`` and ``results/sync-9d0b7b3.md``).
 
     Args:
         polled: wait by polling ``work.is_completed()`` (see ``_wait_polled``); None: when
