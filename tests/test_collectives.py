@@ -49,7 +49,8 @@ def test_every_collective_round_trips_every_type_on_gloo(launcher: str, world: i
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_a_collective_that_skips_the_5_ms_timed_wait_still_raises_a_peers_failure() -> None:
     # a gloo collective whose last run outlived the 5 ms wait in C++ waits on the event at
-    # once (a timed-out wait cost ~125 us of CPU); a run within 5 ms gives the slice back
+    # once (an expired timed wait is a C++ error, which costs CPU: ``waits.run_work``); a
+    # run within 5 ms gives the slice back
     res = python("outlived_slice.py", bound=JOB_BOUND)
     assert_ended(res)
     assert res.returncode == 7, tail(res)
