@@ -6,7 +6,9 @@
         KIND "tether": ``tether.initialize("gloo", init_method=..., rank=r, world_size=2)``,
         tether calls, ``tether.finalize()``.
         METHOD: ``env`` (``env://``, MASTER_ADDR/MASTER_PORT in the ranks' environment, the
-        same port every round), ``tcp`` (``tcp://127.0.0.1:PORT``, a fresh port every round),
+        same port every round), ``tcp`` (``tcp://127.0.0.1:PORT``, a fresh port every round,
+        drawn by rank 0 as the round begins and handed to rank 1 in a file: a port drawn
+        at the job's start was once taken by a test beside it before round 2 came),
         ``file`` (``file:///tmp/...``, a fresh file every round).
         This process starts one pair of rank processes per METHOD, all at once, each rank
         a fresh interpreter with its stderr in a file; after they exit it prints each
@@ -97,13 +99,33 @@ def slow_host(rank: int, seconds: float) -> None:
     ending._leave = slow  # type: ignore[assignment]
 
 
+_PORT_FILE = "port-file:"  # an address to be drawn as the round begins (see ``round_address``)
+
+
+def round_address(address: str | None, rank: int) -> str | None:
+    """``address``, or for ``port-file:PATH`` a ``tcp://`` address whose port rank 0 draws
+    now and writes to PATH (a rename: rank 1 never reads half of it), and rank 1 reads."""
+    if address is None or not address.startswith(_PORT_FILE):
+        return address
+    path = Path(address.removeprefix(_PORT_FILE))
+    if rank == 0:
+        path.with_suffix(".new").write_text(str(free_port()))
+        path.with_suffix(".new").rename(path)
+    deadline = time.monotonic() + 60.0
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 never wrote {path}")
+        time.sleep(0.01)
+    return f"tcp://127.0.0.1:{path.read_text()}"
+
+
 def rank_main(kind: str, method: str, rank: int, addresses: list[str | None]) -> None:
     slowed = float(os.environ.get("LIFECYCLE_SLOW_HOST", "0"))
     if slowed:
         slow_host(rank, slowed)
     for k in range(ROUNDS):
         try:
-            out = one_round(kind, addresses[k], rank, k)
+            out = one_round(kind, round_address(addresses[k], rank), rank, k)
         except BaseException as exc:
             emit("error", method=method, rank=rank, round=k, exc=type(exc).__name__, msg=safe_str(exc)[:300])
             raise
@@ -116,7 +138,7 @@ def addresses(method: str, tmp: str) -> list[str | None]:
     if method == "env":
         return ["env://"] * ROUNDS
     if method == "tcp":
-        return [f"tcp://127.0.0.1:{free_port()}" for _ in range(ROUNDS)]
+        return [f"{_PORT_FILE}{tmp}/{method}-port-{k}" for k in range(ROUNDS)]
     if method == "file":
         return [f"file://{tmp}/{method}-store-{k}" for k in range(ROUNDS)]
     raise SystemExit(f"unknown init method {method!r}")
