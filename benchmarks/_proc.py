@@ -298,14 +298,17 @@ def add_driver_options(parser: Any, note: str = "the markdown copy", each: str =
     parser.add_argument("--note", default="", help=f"a paragraph to put under the title of {note}")
 
 
-def rank_job(n: int, script: str | Path, worker_args: list[str], bound: float) -> dict[str, Any]:
-    """Run ``script --worker *worker_args`` on ``n`` ranks (torchrun, ``OMP_NUM_THREADS=1``), bounded.
+def rank_job(
+    n: int, script: str | Path, worker_args: list[str], bound: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``script --worker *worker_args`` on ``n`` ranks (torchrun, ``OMP_NUM_THREADS=1``
+    and ``env`` in the environment), bounded.
 
     Returns the JSON of the last line of its output that starts with ``RESULT `` (rank 0
     prints it). A job that fails, prints none or leaves a process behind ends the driver,
     with the tail of the job's output on stderr.
     """
-    done = run(torchrun(n, script, "--worker", *worker_args), bound, env={"OMP_NUM_THREADS": "1"})
+    done = run(torchrun(n, script, "--worker", *worker_args), bound, env={"OMP_NUM_THREADS": "1", **(env or {})})
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode != 0 or not lines or done.leftovers:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])

@@ -113,13 +113,7 @@ def worker(mode: str) -> None:
 def job(mode: str, env: dict[str, str]) -> dict[str, float]:
     import _proc
 
-    done = _proc.run(_proc.torchrun(2, __file__, "--worker", mode), 180.0, env={"OMP_NUM_THREADS": "1", **env})
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    if done.returncode != 0 or not lines or done.leftovers:
-        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
-        raise SystemExit(f"between_steps {mode} failed: exit {done.returncode}, leftovers {done.leftovers}")
-    result: dict[str, float] = json.loads(lines[-1][len("RESULT ") :])
-    return result
+    return _proc.rank_job(2, __file__, [mode], 180.0, env=env)
 
 
 def main() -> None:
