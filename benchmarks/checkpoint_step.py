@@ -28,6 +28,13 @@ step, zero_grad) of one contender:
 * **none, again**: a second block of *none*, the control: its ratio to *none* is what
   the machine's noise alone gives, the floor under which no ratio can be read.
 
+Each step's input is one fixed batch, or with ``--input loader`` a fresh batch from a
+shuffled ``DataLoader`` (both contenders draw from one iterator): a real loop's
+allocations between steps. They matter here: a guarded step of this model reuses its
+memory, and a few small allocations between two steps can make glibc trim its heap, so
+that the next step faults ~64-96 MiB in again (``between_steps.py``); with a
+``DataLoader`` in the loop, plain and guarded steps fault so anyway, save or no save.
+
 The writer process of commit 74b90a5 was a third contender here until it was reverted
 (``benchmarks/results/checkpoint-writer-process.md``).
 
@@ -57,6 +64,7 @@ the drift, the step that saves and the two after against the same block's later 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -64,6 +72,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +83,7 @@ BLOCK = 20  # steps per block (--block): saves at its 5th and 15th step (every=1
 WARMUP = 15
 
 
-def worker(rounds: int, out: str, steps: int, passes: int) -> None:
+def worker(rounds: int, out: str, steps: int, passes: int, source: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -87,10 +96,10 @@ def worker(rounds: int, out: str, steps: int, passes: int) -> None:
     model = tether.auto_model(torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]))
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(out, "ckpt"), every=10, emergency=False)
-    x = torch.full((8, 2048), 0.01)
+    batches = _batches(torch, source)
 
     def train() -> None:
-        model(x).square().mean().backward()
+        model(next(batches)).square().mean().backward()
         opt.step()
         opt.zero_grad()
 
@@ -144,11 +153,24 @@ def worker(rounds: int, out: str, steps: int, passes: int) -> None:
     tether.finalize()
 
 
-def run_world(n: int, rounds: int, steps: int, passes: int) -> dict[str, Any]:
+def _batches(torch: Any, source: str) -> Iterator[Any]:
+    """The steps' inputs: one fixed batch, or a shuffled ``DataLoader``'s, endlessly.
+
+    With ``loader`` each step collates a fresh batch (8 rows of a 32 MiB dataset) as a real
+    loop does: allocations between the steps, in both contenders alike.
+    """
+    if source == "fixed":
+        return itertools.repeat(torch.full((8, 2048), 0.01))
+    data = torch.utils.data.TensorDataset(torch.rand(4096, 2048, generator=torch.Generator().manual_seed(1)))
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
+    return (x for _ in itertools.count() for (x,) in loader)
+
+
+def run_world(n: int, rounds: int, steps: int, passes: int, source: str) -> dict[str, Any]:
     import _proc
 
     with tempfile.TemporaryDirectory(prefix="tether-ckpt-step-") as out:
-        shape = ("--rounds", str(rounds), "--block", str(steps), "--passes", str(passes))
+        shape = ("--rounds", str(rounds), "--block", str(steps), "--passes", str(passes), "--input", source)
         args = _proc.torchrun(n, __file__, "--worker", *shape, "--dir", out)
         # a hang guard: a step took ~0.5 s at 4 ranks on 2 cores; this allows ~4x that
         done = _proc.run(args, 300 + 2.0 * n * (3 * rounds * passes + 3) * steps / 4, env={"OMP_NUM_THREADS": "1"})
@@ -252,6 +274,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds (default 12)")
     parser.add_argument("--block", type=int, default=BLOCK, help=f"steps a block (default {BLOCK}; 10: one save)")
     parser.add_argument("--passes", type=int, default=2, help="blocks of each contender a round (default 2)")
+    parser.add_argument(
+        "--input",
+        choices=("fixed", "loader"),
+        default="fixed",
+        help="each step's batch: one fixed tensor (default) or a shuffled DataLoader's (allocations between steps)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint-step", help="OUT.md and OUT.json")
     _proc.add_driver_options(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -260,7 +288,7 @@ def main() -> None:
     if args.block % 10:
         parser.error("--block: a multiple of 10 (every block then starts at the same step of the save cycle)")
     if args.worker:
-        worker(args.rounds, args.dir, args.block, args.passes)
+        worker(args.rounds, args.dir, args.block, args.passes, args.input)
         return
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
     library = [_proc.library_state()]
@@ -268,7 +296,7 @@ def main() -> None:
     for n in args.ranks:
         quiet = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what=f"{n} ranks")
         t0 = time.monotonic()
-        results.append(run_world(n, args.rounds, args.block, args.passes))
+        results.append(run_world(n, args.rounds, args.block, args.passes, args.input))
         end = os.getloadavg()[0]
         loads.append(f"{n} ranks: {quiet.describe()}, {end:.2f} at end ({time.monotonic() - t0:.0f} s)")
         print(f"[{loads[-1]}]", flush=True)
@@ -281,7 +309,8 @@ def main() -> None:
             *([args.note] if args.note else []),
             f"`python benchmarks/checkpoint_step.py {_proc.command_line()}` — {time.strftime('%Y-%m-%d %H:%M')}, "
             f"{os.cpu_count()} cores, load average at end {one:.1f}/{five:.1f}/{fifteen:.1f} (1/5/15 min); "
-            "torchrun, gloo, one thread per rank; the ~100 MB model (25.2M float32 parameters), SGD.",
+            "torchrun, gloo, one thread per rank; the ~100 MB model (25.2M float32 parameters), SGD; "
+            f"input: {'a shuffled DataLoader' if args.input == 'loader' else 'one fixed batch'}.",
             _proc.describe_library(*library),
             "Load (1-minute average) at the start of each world size, after waiting for it to drop below "
             f"{args.wait_load:g}, and at its end: " + "; ".join(loads) + ".",
