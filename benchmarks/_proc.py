@@ -377,6 +377,21 @@ def hundred_mb_tensors() -> dict[str, Any]:
     return {f"w{i}": torch.randn(2048, 2048) for i in range(6)}
 
 
+def batches(loader: bool) -> Iterator[Any]:
+    """The inputs of the 100 MB model's steps, endlessly: one fixed 8x2048 batch, or with
+    ``loader`` each a fresh batch from a shuffled ``DataLoader`` (8 rows of a 32 MiB dataset,
+    seeded), collated as a real loop's are: allocations between the steps."""
+    import itertools
+
+    import torch
+
+    if not loader:
+        return itertools.repeat(torch.full((8, 2048), 0.01))
+    data = torch.utils.data.TensorDataset(torch.rand(4096, 2048, generator=torch.Generator().manual_seed(1)))
+    shuffled = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
+    return (x for _ in itertools.count() for (x,) in shuffled)
+
+
 class Stateful:
     """Tensors as a Checkpointer object (``state_dict``/``load_state_dict``), for the save benchmarks."""
 

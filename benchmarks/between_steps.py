@@ -48,7 +48,6 @@ own allocations between steps already undo the guard's reuse of its memory.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import pickle
@@ -56,9 +55,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -74,6 +71,7 @@ def worker(mode: str, loop: str = "fixed", ddp: str = "guard") -> None:
     import torch
     import torch.distributed as dist
 
+    import _proc
     import tether
     from tether import _randomness
 
@@ -85,7 +83,7 @@ def worker(mode: str, loop: str = "fixed", ddp: str = "guard") -> None:
     net = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)])
     model = tether.auto_model(net) if ddp == "guard" else torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    batches = _batches(torch, loop)
+    batches = _proc.batches(loop == "loader")
 
     def exchange(step: int) -> None:
         if mode in ("none", "barrier"):
@@ -131,15 +129,6 @@ def worker(mode: str, loop: str = "fixed", ddp: str = "guard") -> None:
         }
         print("RESULT " + json.dumps(result), flush=True)
     tether.finalize()
-
-
-def _batches(torch: Any, loop: str) -> Iterator[Any]:
-    """Each step's input: one fixed batch, or a shuffled ``DataLoader``'s (``loader``)."""
-    if loop != "loader":
-        return itertools.repeat(torch.full((8, 2048), 0.01))
-    data = torch.utils.data.TensorDataset(torch.rand(4096, 2048, generator=torch.Generator().manual_seed(1)))
-    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
-    return (x for _ in itertools.count() for (x,) in loader)
 
 
 def job(mode: str, env: dict[str, str], loop: str = "fixed", ddp: str = "guard") -> dict[str, float]:

@@ -32,8 +32,10 @@ Each step's input is one fixed batch, or with ``--input loader`` a fresh batch f
 shuffled ``DataLoader`` (both contenders draw from one iterator): a real loop's
 allocations between steps. They matter here: a guarded step of this model reuses its
 memory, and a few small allocations between two steps can make glibc trim its heap, so
-that the next step faults ~64-96 MiB in again (``between_steps.py``); with a
-``DataLoader`` in the loop, plain and guarded steps fault so anyway, save or no save.
+that the next step faults ~64-96 MiB in again (``between_steps.py``). A loop with a
+``DataLoader`` does not already pay that in every step: the median guarded step still
+took no fault (``results/between-steps-loops.md``), and a save cost as much with either
+input (``results/checkpoint-step-2r-{fixed,loader}-088e5c0-*.md``).
 
 The writer process of commit 74b90a5 was a third contender here until it was reverted
 (``benchmarks/results/checkpoint-writer-process.md``).
@@ -64,7 +66,6 @@ the drift, the step that saves and the two after against the same block's later 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
@@ -72,7 +73,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,7 @@ def worker(rounds: int, out: str, steps: int, passes: int, source: str) -> None:
     import torch
     import torch.distributed as dist
 
+    import _proc
     import tether
 
     torch.set_num_threads(1)
@@ -96,7 +97,7 @@ def worker(rounds: int, out: str, steps: int, passes: int, source: str) -> None:
     model = tether.auto_model(torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]))
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     ckpt = tether.Checkpointer({"model": model, "optimizer": opt}, Path(out, "ckpt"), every=10, emergency=False)
-    batches = _batches(torch, source)
+    batches = _proc.batches(source == "loader")
 
     def train() -> None:
         model(next(batches)).square().mean().backward()
@@ -151,19 +152,6 @@ def worker(rounds: int, out: str, steps: int, passes: int, source: str) -> None:
         record = {"world": world, "rounds": rounds, **result, **steps_ms, "since_save": since, "saved": saved}
         print("RESULT " + json.dumps(record), flush=True)
     tether.finalize()
-
-
-def _batches(torch: Any, source: str) -> Iterator[Any]:
-    """The steps' inputs: one fixed batch, or a shuffled ``DataLoader``'s, endlessly.
-
-    With ``loader`` each step collates a fresh batch (8 rows of a 32 MiB dataset) as a real
-    loop does: allocations between the steps, in both contenders alike.
-    """
-    if source == "fixed":
-        return itertools.repeat(torch.full((8, 2048), 0.01))
-    data = torch.utils.data.TensorDataset(torch.rand(4096, 2048, generator=torch.Generator().manual_seed(1)))
-    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
-    return (x for _ in itertools.count() for (x,) in loader)
 
 
 def run_world(n: int, rounds: int, steps: int, passes: int, source: str) -> dict[str, Any]:
