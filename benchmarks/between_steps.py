@@ -14,8 +14,9 @@ between two steps. A step of the ~100 MB model under tether's DDP guard reuses i
 (no minor page fault in a step: the ``none`` rows); after a few small allocations
 between the steps, glibc's ``free`` can give the ~100 MB freed at the
 top of its heap back to the system (its trim threshold), and the next step faults those
-pages in again. "No fault" holds for the median step, not every step: 30-65 of 130
-guarded steps still faulted 4 MiB or more with nothing exchanged (the second table).
+pages in again. "No fault" holds for the median step of some jobs, not every step nor
+every job: with nothing exchanged, 30-82 of 130 guarded steps faulted 4 MiB or more, and
+in some jobs the median step too (the second table; ``results/between-steps-loops*.md``).
 
 Each job is torchrun, 2 ranks, gloo, one thread per rank: the model of ``checkpoint_step.py``
 (six ``Linear(2048, 2048)``, 25.2M float32 parameters) under ``tether.auto_model``, SGD,
@@ -137,6 +138,26 @@ def job(mode: str, env: dict[str, str], loop: str = "fixed", ddp: str = "guard")
     return _proc.rank_job(2, __file__, [mode, "--loop", loop, "--ddp", ddp], 180.0, env=env)
 
 
+def exchanges_table(jobs: int) -> list[str]:
+    """Each exchange after every 10th step, with glibc's defaults and with no trim."""
+    rows = [
+        "ms of rank 0's forward and backward, and the process's minor page faults in them (medians over "
+        f"steps {SKIP}-{STEPS - 1}): the steps right after an exchange against the other steps.",
+        "",
+        "| allocator | exchange | job | fwd+bwd after (ms) | others (ms) | difference (ms) | faults after | others |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for setting, env in (("glibc defaults", {}), ("no trim", NO_TRIM)):
+        for mode in MODES:
+            for k in range(jobs):
+                r = job(mode, env)
+                rows.append(
+                    f"| {setting} | {mode} | {k + 1} | {r['after_ms']:.1f} | {r['other_ms']:.1f} | "
+                    f"{r['after_ms'] - r['other_ms']:+.1f} | {r['after_faults']:.0f} | {r['other_faults']:.0f} |"
+                )
+    return rows
+
+
 def loops_table(jobs: int) -> list[str]:
     """With nothing exchanged: how often a step faults, by the loop's shape, guarded and plain."""
     rows = [
@@ -165,7 +186,7 @@ def main() -> None:
     import _proc
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=2, help="jobs per allocator setting and exchange (default 2)")
+    parser.add_argument("--jobs", type=int, default=2, help="jobs a row of either table (default 2)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "between-steps", help="markdown copy")
     _proc.add_driver_options(parser, each="run")
     parser.add_argument(
@@ -181,26 +202,11 @@ def main() -> None:
     _proc.exit_on_sigterm(ignore=args.ignore_sigterm)
     library = [_proc.library_state()]
     quiet = _proc.wait_for_load(args.wait_load, up_to=args.wait_max, what="the run")
-    exchanges = [
-        "ms of rank 0's forward and backward, and the process's minor page faults in them (medians over "
-        f"steps {SKIP}-{STEPS - 1}): the steps right after an exchange against the other steps.",
-        "",
-        "| allocator | exchange | job | fwd+bwd after (ms) | others (ms) | difference (ms) | faults after | others |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for setting, env in (("glibc defaults", {}), ("no trim", NO_TRIM)) if args.tables != "loops" else ():
-        for mode in MODES:
-            for k in range(args.jobs):
-                r = job(mode, env)
-                exchanges.append(
-                    f"| {setting} | {mode} | {k + 1} | {r['after_ms']:.1f} | {r['other_ms']:.1f} | "
-                    f"{r['after_ms'] - r['other_ms']:+.1f} | {r['after_faults']:.0f} | {r['other_faults']:.0f} |"
-                )
-    library.append(_proc.library_state())
-    setup = f"torchrun, 2 ranks, gloo, one thread per rank. Load before the run: {quiet.describe()}."
-    tables = [exchanges] if args.tables != "loops" else []
+    tables = [exchanges_table(args.jobs)] if args.tables != "loops" else []
     if args.tables != "exchanges":
         tables.append(loops_table(args.jobs))
+    library.append(_proc.library_state())
+    setup = f"torchrun, 2 ranks, gloo, one thread per rank. Load before the run: {quiet.describe()}."
     body = [*([args.note] if args.note else []), *("\n".join(rows) for rows in tables)]
     _proc.report(args.out, "A small exchange between DDP steps, and the next step", setup, library, body)
 

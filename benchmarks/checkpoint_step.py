@@ -33,9 +33,9 @@ shuffled ``DataLoader`` (both contenders draw from one iterator): a real loop's
 allocations between steps. They matter here: a guarded step of this model reuses its
 memory, and a few small allocations between two steps can make glibc trim its heap, so
 that the next step faults ~64-96 MiB in again (``between_steps.py``). A loop with a
-``DataLoader`` does not already pay that in every step: the median guarded step still
-took no fault (``results/between-steps-loops.md``), and a save cost as much with either
-input (``results/checkpoint-step-2r-{fixed,loader}-088e5c0-*.md``).
+``DataLoader`` does not hide that cost: a save cost as much with either input
+(``results/checkpoint-step-2r-{fixed,loader}-088e5c0-*.md``); whether a guarded step
+faults at all varies from job to job (``results/between-steps-loops*.md``).
 
 The writer process of commit 74b90a5 was a third contender here until it was reverted
 (``benchmarks/results/checkpoint-writer-process.md``).
