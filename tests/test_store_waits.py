@@ -8,15 +8,22 @@ exception of its own), after a stall until the store's timeout, ``sync_timeout``
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+import slow_resolver
 from _core import lc_events
-from _harness import Result, python
+from _harness import JOBS, Result, python, run
 
 BOUND = 60.0
 NOTICE_S = 3.0  # a posted failure is heard within ms; a finished rank at the keeper's next check
 SYNC_TIMEOUT = 3.0  # jobs/store_waits.py
 RAW_MARGIN = 1.0  # a wait outside tether calls ends sync_timeout + this (tether/_core/rawcalls.py)
+LATE_ANSWER = 1.5  # seconds the slow resolver takes per lookup: a new store connection, 3 s
+SLOW_BOUND = 2 * BOUND  # every connection of the job's start-up pays the resolver too: 35-43 s by hand
+NOTICE_WITHOUT_CONNECTING_S = 1.0  # well under that: a wake that opened a connection came 4.0 s late
+NOTICE_OPENED_FROM_WAIT_S = 2 * LATE_ANSWER  # a wake on the connection opening since the wait began
 
 pytestmark = pytest.mark.timeout(BOUND + 60)
 
@@ -81,4 +88,34 @@ def test_a_wait_on_a_users_store_returns_what_the_peer_set(store: str, op: str) 
     assert res.returncode == 0, res.output[-3000:]
     assert [e["value"] for e in lc_events(res, "got")] == ["v 0.1"]
     assert lc_events(res, "raised") == []
+    assert res.leftovers == []
+
+
+@pytest.mark.skipif(not slow_resolver.available(), reason="the slow resolver needs root, unshare and its address")
+@pytest.mark.timeout(SLOW_BOUND + 60)
+@pytest.mark.parametrize(
+    ("store", "op", "within"),
+    [
+        ("default", "get", NOTICE_WITHOUT_CONNECTING_S),
+        pytest.param("own", "multi_get", NOTICE_OPENED_FROM_WAIT_S, marks=pytest.mark.full),
+    ],
+)
+def test_a_slow_resolver_delays_a_wake_only_as_long_as_the_store_needs_a_new_connection(
+    store: str, op: str, within: float
+) -> None:
+    # c10d looks up both ends' addresses for a new store connection: 3 s under this resolver.
+    # Each wake came through one opened from the wait or at the failure
+    # (storewaits._connect_soon): 4.0 s after the strike, on either store (2026-12-07, by
+    # hand). The default store's now goes through the main thread's connection to the job's
+    # store (Context.default_store_twin); another store's waits for the one opening since
+    # its wait began, 0.5 s before the strike: 2.5 s
+    job = [sys.executable, str(JOBS / "store_waits.py"), "raise", store, op]
+    res = run([sys.executable, slow_resolver.__file__, "--answer-after", str(LATE_ANSWER), *job], bound=SLOW_BOUND)
+    assert res.returncode == 7, res.output[-3000:]
+    (strike,) = lc_events(res, "strike")
+    e = _rank0_raised(res)
+    message = "rank 1 failed: ValueError: bad 0.1 on rank 1"
+    assert e["exc"] == "PeerFailure" and str(e["msg"]).startswith(message), e
+    assert float(e["time"]) - float(strike["time"]) < within, (e, strike)
+    _root_once(res, "ValueError: bad 0.1 on rank 1")
     assert res.leftovers == []

@@ -170,11 +170,17 @@ class NativeBackend(Backend):
             kwargs["device_id"] = torch.device("cuda", self._device_index)
         dist.init_process_group(
             self._backend,
-            store=PrefixStore("pg", store),
+            store=self.group_store(store),
             rank=self.topology.rank,
             world_size=self.topology.world_size,
             **kwargs,
         )
+
+    @staticmethod
+    def group_store(store: Store) -> Store:
+        """The default group's store over ``store``: torch's default store is this very prefix
+        (``init_process_group`` adds none to a store it is given)."""
+        return PrefixStore("pg", store)
 
     def backend(self) -> str | None:
         return self._backend

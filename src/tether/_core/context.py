@@ -60,6 +60,9 @@ class Context:
     channel: Channel | None = None
     watchdog: Watchdog | None = None
     store: Store | None = None  # the main thread's own connection to the job's store
+    # torch's default store's keys on ``store``'s connection, where the default group is on the
+    # job's store: a wake of a wait on the default store needs no connection of its own (storewaits)
+    default_store_twin: Store | None = None
     settings: SyncSettings = dataclasses.field(default_factory=SyncSettings)
     hosts_store: bool = False  # wait for every rank to leave before closing the store
     error_file: str | None = None  # torchelastic's error file for this worker

@@ -91,7 +91,8 @@ def start(
     setup = SETUP_TIMEOUT if timeout is None and calls is not None else timeout
     native = NativeBackend.prepare(backend, topology)
     ctx = _watch(native, chan_store, prefix, hosts_store, options, launch, error_file, True, keep_alive, pg=None)
-    assert ctx.hooks is not None
+    assert ctx.hooks is not None and ctx.store is not None
+    group_prefix = f"pg/{job_id}/{gen}"
     # The group is made under the watchdog: NCCL's eager communicator set-up (``device_id``)
     # and gloo's rendezvous block in C++, where a peer that fails or never comes would
     # otherwise hold this rank until the group's timeout (``setup``, else torch's 30
@@ -109,7 +110,7 @@ def start(
                 _create_group,
                 ctx,
                 native,
-                PrefixStore(f"pg/{job_id}/{gen}", store),
+                PrefixStore(group_prefix, store),
                 setup,
             )
         if calls is not None and calls != setup:
@@ -118,6 +119,9 @@ def start(
         _abandon(ctx, exc)
         raise
     ctx.pg = dist.group.WORLD
+    if channel_store is None and ctx.pg is not None:  # the group is on the store ``ctx.store`` is a connection to
+        given = native.group_store(PrefixStore(group_prefix, ctx.store))  # what init_process_group was given
+        ctx.default_store_twin = storewaits.default_store_on(given, ctx.pg)
     if ctx.watchdog is not None and isinstance(ctx.watchdog.judge, HostJudge) and ctx.watchdog.store_watch is not None:
         ctx.watchdog.judge.learn()  # every rank registered before the group could be made: the store host's pid
     ctx.hooks.install_excepthooks()  # only now: they must be outermost (see there)
@@ -421,9 +425,10 @@ def adopt_process_group() -> Context:
     hosts = rank == store_host
     options = Options.from_kwargs({}, store_host)
     error_file = launch_env.error_file if launch_env else None
-    return _watch(
-        backend, store, prefix, hosts, options, _own_launch(env), error_file, False, keep, pg=dist.group.WORLD
-    )
+    ctx = _watch(backend, store, prefix, hosts, options, _own_launch(env), error_file, False, keep, pg=dist.group.WORLD)
+    if keep is None:  # ``ctx.store`` is a connection to the default store itself, its prefix and all
+        ctx.default_store_twin = ctx.store
+    return ctx
 
 
 def sync(temporary: bool = False) -> None:

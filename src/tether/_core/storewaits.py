@@ -14,9 +14,10 @@ connections (``channel.OWN_CONNECTIONS``), are waits tether knows (any other cal
 with keyword arguments, or one in a forked child runs as torch's):
 
 * **Woken by a failure.** When a peer's failure reaches this rank, a thread of its own
-  writes ``WOKEN``, on a connection of its own to the store (``clone``, opened from the
-  store's first wait: ``_connect_soon``; a TCPStore client serialises its calls, so the
-  blocked one cannot be used), to each key waited for that is still missing
+  writes ``WOKEN`` (a TCPStore client serialises its calls, so not on the blocked one) on
+  torch's default store through the main thread's own connection to the job's store, or
+  on any other store through a connection of its own, opened from the store's first wait
+  (``_connect_soon``), to each key waited for that is still missing
   (``compare_set`` from nothing: a key set meanwhile keeps its value). The wait returns,
   and raises the failure: ``PeerFailure`` naming the root cause, ``PeerLost``,
   ``PeerFinished``. Every other rank finished is such a failure too
@@ -40,7 +41,8 @@ Cost on the happy path, a call whose key is there (``benchmarks/store_waits.py``
 process, the user's TCPStore on loopback): ``get`` 41.0 against torch's 33.1 us, ``wait``
 25.7 against 16.9 us (``benchmarks/results/store-waits.md``): the wait's registration
 with the watchdog, as a raw collective's, and the whereabouts; and, once per store
-object, a connection of its own opened on a thread (``_connect_soon``). A training step makes no store call.
+object, three round trips (the default store) or a connection of its own opened on a
+thread (``_connect_soon``). A training step makes no store call.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import Store
+from torch._C._distributed_c10d import PrefixStore, Store
 
 from ..errors import BackendError, TetherError
 from . import context
@@ -80,9 +82,12 @@ _WOKEN = WOKEN.encode()
 _MAIN = threading.main_thread()
 _forked = False  # this process is a fork of the rank's (a DataLoader's worker): not the rank
 _WAKING = threading.Lock()  # one waker at a time sets its thread (wakes are rare)
-# store -> the connection its wakes write on, opened from its first wait (None: not yet, or none)
+# store -> what its wakes write on, found at its first wait (``_connect_soon``): torch's default
+# store's twin, or a connection of its own (None: not open yet, or none)
 _connections: weakref.WeakKeyDictionary[Store, Store | None] = weakref.WeakKeyDictionary()
-_connecting: list[threading.Thread] = []  # the threads opening them (joined at exit)
+_opening: weakref.WeakKeyDictionary[Store, threading.Thread] = weakref.WeakKeyDictionary()  # the thread opening it
+_connecting: list[threading.Thread] = []  # those threads, joined at exit
+OPENING_WAIT = 30.0  # seconds a wake waits for its store's connection to open before it opens another
 
 
 def install() -> None:
@@ -145,7 +150,7 @@ def _wait(
     else:
         call = f"store.{name}([" + ", ".join(map(repr, keys[:3])) + (", ...])" if len(keys) > 3 else "])")
     if store not in _connections:
-        _connect_soon(store)
+        _connect_soon(ctx, store)
     start = time.monotonic()
     timeout = ctx.settings.timeout
     waker = _Waker(store, keys)
@@ -210,27 +215,68 @@ def _why_woken(
     )
 
 
-def _connect_soon(store: Store) -> None:
-    """Open a connection of its own to ``store``, for its wakes, on a thread: the caller goes on.
+def _connect_soon(ctx: context.Context, store: Store) -> None:
+    """Find ``store`` a connection for its wakes: torch's default store's is the twin the
+    runtime made (``Context.default_store_twin``); any other store's, a connection of its own,
+    opened on a thread: the caller goes on.
 
-    Opened at the failure, under torchrun's agent store: in 1 of 12 runs of
-    F2-raise-store-initialize-4r three at a time (and in a fresh clone's suite), every
-    survivor's clone was still connecting when the ladder ended it 3 s later, torchrun's
-    SIGTERM having come 33 ms after the wake (by hand, that store takes new connections
-    all through a job's stop: ``benchmarks/results/store-waits-runs.md``; why is not known). Opened on the main
-    thread at the first wait, it held a rank whose first wait came after a peer's failure
-    (a ``pytest --full`` run, F8-sigterm-collective-parallel-4r: the clone never returned,
-    the ladder ended the rank). On a thread of its own neither waits for it; a wake that
-    finds it not yet open opens one itself. The exit joins it (``_join_connects``).
+    A new connection can take seconds: c10d looks up both ends' addresses with the machine's
+    resolver (``benchmarks/results/store-connect.md``: 5.0 s in 12 of 300 on this VM), and a
+    failure heard meanwhile was heard that late (a ``pytest --full`` run: 4.5 s). The twin
+    opens none: it writes the default store's keys on ``ctx.store``, the main thread's own
+    connection to the job's store, idle while the main thread waits here. It is checked
+    once, here: a key it sets must be the key the store reads (else the store gets a
+    connection of its own, as before).
+
+    A connection of its own: opened at the failure, under torchrun's agent store, in 1 of
+    12 runs of F2-raise-store-initialize-4r three at a time (and in a fresh clone's suite),
+    every survivor's clone was still connecting when the ladder ended it 3 s later,
+    torchrun's SIGTERM having come 33 ms after the wake (by hand, that store takes new
+    connections all through a job's stop: ``benchmarks/results/store-waits-runs.md``; why
+    is not known). Opened on the main thread at the first wait, it held a rank whose first
+    wait came after a peer's failure (a ``pytest --full`` run,
+    F8-sigterm-collective-parallel-4r: the clone never returned, the ladder ended the
+    rank). On a thread of its own neither waits for it; a wake waits for it
+    (``_Waker._client``). The exit joins it (``_join_connects``).
     """
+    twin = _twin(ctx, store)
     with _WAKING:
         if store in _connections:
+            return
+        if twin is not None:
+            _connections[store] = twin
             return
         _connections[store] = None
         thread = threading.Thread(target=_connect, args=(store,), name="tether-store-connect", daemon=True)
         thread.start()
+        _opening[store] = thread
         _connecting[:] = [t for t in _connecting if t.is_alive()]
         _connecting.append(thread)
+
+
+def default_store_on(given: Store, pg: dist.ProcessGroup) -> Store:
+    """torch's default store, where ``given`` is the store ``init_process_group`` was given
+    (on another connection) and ``pg`` the group it made: torch keeps a group's store under
+    the group's name (``_new_process_group_helper``: ``PrefixStore(f"{group_name}/", store)``,
+    torch 2.13). Checked where it is used (``_twin``)."""
+    return PrefixStore(f"{pg.group_name}/", given)
+
+
+def _twin(ctx: context.Context, store: Store) -> Store | None:
+    """``ctx.default_store_twin`` if ``store`` is torch's default store and a key the twin
+    sets is one ``store`` sees (three round trips, once per process); else None."""
+    twin = ctx.default_store_twin
+    if twin is None or not dist.is_initialized() or store is not dist.distributed_c10d._get_default_store():
+        return None
+    probe = f"tether/twin/{ctx.backend.topology.rank}"
+    try:
+        twin.set(probe, "")
+        seen = store.check([probe])
+        twin.delete_key(probe)
+    except Exception as exc:  # the store's own error reaches the wait itself
+        log.debug("tether: no twin for torch's default store (%s)", exc)
+        return None
+    return twin if seen else None
 
 
 def _connect(store: Store) -> None:
@@ -271,9 +317,18 @@ class _Waker:
             thread.start()
             self._thread = thread
 
+    def _client(self) -> Store:
+        """The store's wake connection: the one opening since the store's first wait, waited
+        for (a second one opened now would wait on the same resolver, and finish later),
+        else a new one."""
+        opening = _opening.get(self._store)
+        if opening is not None:
+            opening.join(OPENING_WAIT)
+        return _connections.get(self._store) or cast(Store, self._store.clone())  # type: ignore[attr-defined]
+
     def _write(self) -> None:
         try:
-            client = _connections.get(self._store) or self._store.clone()  # type: ignore[attr-defined]
+            client = self._client()
             for key in self._keys:
                 if client.compare_set(key, "", WOKEN) == _WOKEN:
                     self.wrote = True
