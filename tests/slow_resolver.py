@@ -49,8 +49,20 @@ LATE = "options timeout:5 attempts:1"  # an answer within 5 s is taken
 
 
 def available() -> bool:
-    """Root and ``unshare``: what running a command under it takes."""
-    return os.geteuid() == 0 and shutil.which("unshare") is not None
+    """What running a command under it takes, tried: root, a mount namespace with a bind
+    mount of ``/etc/resolv.conf`` in it (a container may deny both), port 53 on loopback."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    trial = ["unshare", "-m", "sh", "-c", "mount --bind /etc/resolv.conf /etc/resolv.conf"]
+    if subprocess.run(trial, capture_output=True, timeout=30).returncode != 0:
+        return False
+    try:
+        udp, tcp, _ = _bound()
+    except OSError:
+        return False
+    udp.close()
+    tcp.close()
+    return True
 
 
 def _bound() -> tuple[socket.socket, socket.socket, str]:
