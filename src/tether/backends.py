@@ -178,8 +178,8 @@ class NativeBackend(Backend):
 
     @staticmethod
     def group_store(store: Store) -> Store:
-        """The default group's store over ``store``: torch's default store is this very prefix
-        (``init_process_group`` adds none to a store it is given)."""
+        """The store ``init_process_group`` is given, over ``store`` (torch's default store is
+        it under the group's name: ``_core.storewaits.default_store_on``)."""
         return PrefixStore("pg", store)
 
     def backend(self) -> str | None:
