@@ -153,7 +153,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import Store
 
 from . import _ckpt_files as _files
 from . import _ckpt_parts as _parts
@@ -292,7 +291,6 @@ class Checkpointer:
         self._arena = _tensors.Arena()  # the snapshot's tensors, one buffer reused save after save
         self._foreign: list[str] = []
         self._split = True  # periodic saves are split across the ranks (rank 0 turns it off: ``_parts``)
-        self._store: tuple[Channel, Store] | None = None  # (channel, the writer's own connection to its store)
         self._abandon = threading.Event()  # the periodic save's wait for the other parts: give up
         self._sharded = _sharded_name(self.objects)  # a sharded module's name: saves go through DCP
         self._zero = [name for name, obj in self.objects.items() if _is_zero(obj)]  # optimizers split by rank
@@ -639,12 +637,6 @@ class Checkpointer:
         ctx = current()
         rank, world = ctx.backend.topology.rank, ctx.backend.topology.world_size
         save = _Save(position, world, tmp, parts, rank if parts > 1 else 0, ctx.channel, ctx.hooks)
-        if parts > 1 and ctx.channel is not None:
-            # the writer's connection is opened here, while the store answers, not by the
-            # writer: one kept from the CPU began its connect after the store's host was
-            # killed, c10d's connect retries until the connection's timeout (a year,
-            # tether's), and Python's join of the writer held the exit (tests/test_resume.py)
-            self._connection(ctx.channel)
         # not a daemon: a script that ends right after a save (its last step) must not lose
         # it. Python joins such a thread before it exits, as tether.spawn's worker does; a
         # daemon was stopped mid-write, leaving a .tmp- directory (tests/test_resume.py)
@@ -749,7 +741,7 @@ class Checkpointer:
         found = _files.manifest(position.step, position.epoch, position.iteration, world, emergency)
         if split:
             assert save is not None and save.channel is not None
-            client = self._connection(save.channel)
+            client = save.channel.connection  # see ``_write_part``
             others = _parts.gather(save.channel, client, position.step, save.parts, tmp, lambda: self._giving_up(save))
             state = _tensors.resolve(state, _parts.placed(others))
             found = {**found, "format": _files.SPLIT, "parts": _parts.described(others)}
@@ -761,7 +753,16 @@ class Checkpointer:
     def _write_part(self, save: _Save, released: Callable[[], None]) -> None:
         """A rank's part of a split periodic save: its file, then a word to rank 0 (``_ckpt_parts``)."""
         assert save.channel is not None
-        client = self._connection(save.channel)
+        # The channel's connection, open since the job began, shared with the posts and
+        # queries on it (a TCPStore client serialises calls; the parts' are round trips of
+        # their own, never a blocking wait). Until 89a76c0 the writer had one of its own,
+        # opened on the main thread at the first split save: a new connection waits for
+        # c10d's reverse lookups (5.0 s in 12 of 300 on this VM:
+        # ``benchmarks/results/store-connect.md``), and one opened by the writer itself,
+        # kept from the CPU, began its connect after the store's host was killed, where
+        # c10d retries until the connection's timeout (a year) and Python's join of the
+        # writer held the exit (tests/test_resume.py).
+        client = save.channel.connection
         try:
             save.tmp.mkdir(parents=True, exist_ok=True)
             tensors = self._arena.write(save.tmp / _files.part_name(save.part), self._hurry, released)
@@ -782,13 +783,6 @@ class Checkpointer:
         if self._abandon.is_set():
             return True
         return save.hooks is not None and save.hooks.signalled is not None and not threading.main_thread().is_alive()
-
-    def _connection(self, channel: Channel) -> Store:
-        """The writer thread's own connection to the job's store (opened once per channel, by
-        ``_save_async`` before the writer starts)."""
-        if self._store is None or self._store[0] is not channel:
-            self._store = (channel, channel.client())
-        return self._store[1]
 
     def _publish(self, tmp: Path, final: Path) -> Path:
         """Rename a complete ``.tmp-`` directory to its final name, then rotate."""
