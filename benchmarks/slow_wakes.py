@@ -7,14 +7,16 @@ Usage (root: the slow resolver's mount namespace and port 53)::
 
 Results go to ``--out`` + ``.md`` (default ``benchmarks/results/slow-wakes``).
 
-Each job is ``tests/jobs/store_waits.py raise STORE get`` (``tether.spawn``, 2 ranks):
-rank 0 waits on STORE (``default``: torch's default store; ``own``: a TCPStore rank 0
-hosts) for a key; rank 1 raises 0.5 s later. It runs under ``tests/slow_resolver.py
---answer-after S``, where every reverse lookup is answered S seconds late, so every new
-store connection takes 2 S (c10d looks up both ends). The figure is the notice: rank 0's
+Each job is ``tests/jobs/store_waits.py raise STORE OP`` (``tether.spawn``, 2 ranks):
+rank 0 waits on STORE (``default``: torch's default store, with ``get``; ``job``: a
+TCPStore client of ``MASTER_ADDR:MASTER_PORT``, the launcher's store, with ``wait``;
+``own``: a TCPStore rank 0 hosts, with ``multi_get``) for a key; rank 1 raises 0.5 s
+later. It runs under ``tests/slow_resolver.py --answer-after S``, where every reverse
+lookup is answered S seconds late, so every new store connection takes 2 S (c10d looks
+up both ends). The figure is the notice: rank 0's
 ``PeerFailure``, less rank 1's strike, both ``time.time()`` on one host. A wake that
-needs a new connection opened from the wait (``tether/_core/storewaits.py``) cannot come
-before it opens.
+needs a new connection opened from the wait (``tether/_core/storewaits.py``: ``own``;
+before 16239e9, every store) cannot come before it opens.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-STORES = ("default", "own")
-OPS = {"default": "get", "own": "multi_get"}
+STORES = ("default", "job", "own")
+OPS = {"default": "get", "job": "wait", "own": "multi_get"}
 
 
 def events(text: str) -> dict[str, dict[str, object]]:

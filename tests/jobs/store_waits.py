@@ -1,7 +1,8 @@
 """A wait on a store tether did not make (``tether/_core/storewaits.py``): ``store_waits.py HOW STORE OP``.
 
 ``tether.spawn``, 2 ranks. After a barrier, rank 0 waits on STORE (``default``: torch's
-default store, ``own``: a ``TCPStore`` that rank 0 hosts) with OP (``get``, ``multi_get``,
+default store, ``own``: a ``TCPStore`` that rank 0 hosts, ``job``: a ``TCPStore`` client
+of ``MASTER_ADDR:MASTER_PORT``, the launcher's store) with OP (``get``, ``multi_get``,
 or ``wait`` and then ``get``) for the key ``k``, which rank 1 sets 0.5 s later to ``v 0.1``, unless HOW
 strikes it first: ``raise`` (ValueError), ``kill`` (SIGKILL to itself), ``return`` (it
 returns from the function) or ``stall`` (it sleeps for a minute; the job's
@@ -32,6 +33,9 @@ def fn(local_rank: int, port: int) -> None:
     rank = tether.get_rank()
     if STORE == "default":
         store = dist.distributed_c10d._get_default_store()
+    elif STORE == "job":  # a client of the job's store server, as a script under torchrun may make
+        port = int(os.environ["MASTER_PORT"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], port, 2, False, timeout=datetime.timedelta(seconds=120))
     else:
         store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=120))
     tether.barrier()

@@ -14,10 +14,11 @@ connections (``channel.OWN_CONNECTIONS``), are waits tether knows (any other cal
 with keyword arguments, or one in a forked child runs as torch's):
 
 * **Woken by a failure.** When a peer's failure reaches this rank, a thread of its own
-  writes ``WOKEN`` (a TCPStore client serialises its calls, so not on the blocked one) on
-  torch's default store through the main thread's own connection to the job's store, or
-  on any other store through a connection of its own, opened from the store's first wait
-  (``_connect_soon``), to each key waited for that is still missing
+  writes ``WOKEN`` (a TCPStore client serialises its calls, so not on the blocked one)
+  through the main thread's own connection to the job's store, where that writes the
+  store's keys (torch's default store, a TCPStore client of the job's store server:
+  ``_twin``), or else through a connection of its own, opened from the store's first
+  wait (``_connect_soon``), to each key waited for that is still missing
   (``compare_set`` from nothing: a key set meanwhile keeps its value). The wait returns,
   and raises the failure: ``PeerFailure`` naming the root cause, ``PeerLost``,
   ``PeerFinished``. Every other rank finished is such a failure too
@@ -41,8 +42,8 @@ Cost on the happy path, a call whose key is there (``benchmarks/store_waits.py``
 process, the user's TCPStore on loopback): ``get`` 41.0 against torch's 33.1 us, ``wait``
 25.7 against 16.9 us (``benchmarks/results/store-waits.md``): the wait's registration
 with the watchdog, as a raw collective's, and the whereabouts; and, once per store
-object, three round trips (the default store) or a connection of its own opened on a
-thread (``_connect_soon``). A training step makes no store call.
+object, three round trips (``_twin``) and, where they find no connection open already, a
+connection of its own opened on a thread (``_connect_soon``). A training step makes no store call.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, Store
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from ..errors import BackendError, TetherError
 from . import context
@@ -216,17 +217,15 @@ def _why_woken(
 
 
 def _connect_soon(ctx: context.Context, store: Store) -> None:
-    """Find ``store`` a connection for its wakes: torch's default store's is the twin the
-    runtime made (``Context.default_store_twin``); any other store's, a connection of its own,
-    opened on a thread: the caller goes on.
+    """Find ``store`` a connection for its wakes: one open already (``_twin``: torch's
+    default store, a TCPStore client of the job's store server), else a connection of its
+    own, opened on a thread: the caller goes on.
 
     A new connection can take seconds: c10d looks up both ends' addresses with the machine's
     resolver (``benchmarks/results/store-connect.md``: 5.0 s in 12 of 300 on this VM), and a
-    failure heard meanwhile was heard that late (a ``pytest --full`` run: 4.5 s). The twin
-    opens none: it writes the default store's keys on ``ctx.store``, the main thread's own
-    connection to the job's store, idle while the main thread waits here. It is checked
-    once, here: a key it sets must be the key the store reads (else the store gets a
-    connection of its own, as before).
+    failure heard meanwhile was heard that late (a ``pytest --full`` run: 4.5 s). One open
+    already is ``ctx.store``, the main thread's own connection to the job's store, idle
+    while the main thread waits here (under the default store's prefixes, for it).
 
     A connection of its own: opened at the failure, under torchrun's agent store, in 1 of
     12 runs of F2-raise-store-initialize-4r three at a time (and in a fresh clone's suite),
@@ -263,20 +262,31 @@ def default_store_on(given: Store, pg: dist.ProcessGroup) -> Store:
 
 
 def _twin(ctx: context.Context, store: Store) -> Store | None:
-    """``ctx.default_store_twin`` if ``store`` is torch's default store and a key the twin
-    sets is one ``store`` sees (three round trips, once per process); else None."""
-    twin = ctx.default_store_twin
-    if twin is None or not dist.is_initialized() or store is not dist.distributed_c10d._get_default_store():
+    """A connection open already that writes ``store``'s keys, or None: for torch's default
+    store, ``ctx.default_store_twin``; for a ``TCPStore`` of the user's on the job's store
+    server (a client to torchrun's or ``tether.spawn``'s ``MASTER_ADDR:MASTER_PORT``), the
+    ``TCPStore`` under ``ctx.store``. Either holds only if a key it sets is one ``store``
+    sees: three round trips, once per store object."""
+    candidate: Store | None = None
+    if dist.is_initialized() and store is dist.distributed_c10d._get_default_store():
+        candidate = ctx.default_store_twin
+    elif isinstance(store, TCPStore) and ctx.store is not None:
+        base = ctx.store
+        while isinstance(base, PrefixStore):
+            base = base.underlying_store
+        if isinstance(base, TCPStore) and base.port == store.port:  # the same server, if the host is too
+            candidate = base
+    if candidate is None:
         return None
     probe = f"tether/twin/{ctx.backend.topology.rank}"
     try:
-        twin.set(probe, "")
+        candidate.set(probe, "")
         seen = store.check([probe])
-        twin.delete_key(probe)
+        candidate.delete_key(probe)
     except Exception as exc:  # the store's own error reaches the wait itself
-        log.debug("tether: no twin for torch's default store (%s)", exc)
+        log.debug("tether: no connection open already for a store of the user's (%s)", exc)
         return None
-    return twin if seen else None
+    return candidate if seen else None
 
 
 def _connect(store: Store) -> None:
