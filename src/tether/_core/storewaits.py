@@ -83,8 +83,8 @@ _WOKEN = WOKEN.encode()
 _MAIN = threading.main_thread()
 _forked = False  # this process is a fork of the rank's (a DataLoader's worker): not the rank
 _WAKING = threading.Lock()  # one waker at a time sets its thread (wakes are rare)
-# store -> what its wakes write on, found at its first wait (``_connect_soon``): torch's default
-# store's twin, or a connection of its own (None: not open yet, or none)
+# store -> what its wakes write on, found at its first wait (``_connect_soon``): a connection
+# open already (``_twin``), or one of its own (None: not open yet, or none)
 _connections: weakref.WeakKeyDictionary[Store, Store | None] = weakref.WeakKeyDictionary()
 _opening: weakref.WeakKeyDictionary[Store, threading.Thread] = weakref.WeakKeyDictionary()  # the thread opening it
 _connecting: list[threading.Thread] = []  # those threads, joined at exit
