@@ -33,11 +33,11 @@ FIRST_SAVE = 5  # the job's first periodic save comes at this step
 def job(answer_after: float) -> tuple[list[float] | None, float, str]:
     """One job: (rank 0's step times or None, the job's wall time, what went wrong)."""
     import _proc
-    from slow_wakes import events
+    from slow_wakes import events, late_resolver
 
-    resolver = [sys.executable, str(HERE.parent / "tests" / "slow_resolver.py"), "--answer-after", str(answer_after)]
     with tempfile.TemporaryDirectory() as dirname:
-        done = _proc.run([*resolver, sys.executable, str(HERE / "_first_save_job.py"), dirname], bound=180.0)
+        command = [*late_resolver(answer_after), sys.executable, str(HERE / "_first_save_job.py"), dirname]
+        done = _proc.run(command, bound=180.0)
     steps = events(done.stdout + done.stderr).get("steps")
     wall = done.exited - done.started
     if done.returncode != 0 or steps is None or done.leftovers:

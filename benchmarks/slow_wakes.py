@@ -44,13 +44,18 @@ def events(text: str) -> dict[str, dict[str, object]]:
     return found
 
 
+def late_resolver(answer_after: float) -> list[str]:
+    """The command prefix that runs a command under ``tests/slow_resolver.py --answer-after``."""
+    return [sys.executable, str(HERE.parent / "tests" / "slow_resolver.py"), "--answer-after", str(answer_after)]
+
+
 def job(store: str, answer_after: float) -> tuple[float | None, float, str]:
     """One job: (notice in seconds or None, the job's wall time, what rank 0 raised)."""
     import _proc
 
-    resolver = [sys.executable, str(HERE.parent / "tests" / "slow_resolver.py"), "--answer-after", str(answer_after)]
     script = [sys.executable, str(HERE.parent / "tests" / "jobs" / "store_waits.py"), "raise", store, OPS[store]]
-    done = _proc.run([*resolver, *script], bound=180.0)  # PYTHONPATH, where set, picks the tether measured
+    # PYTHONPATH, where set, picks the tether measured
+    done = _proc.run([*late_resolver(answer_after), *script], bound=180.0)
     seen = events(done.stdout + done.stderr)
     strike, raised = seen.get("strike"), seen.get("raised")
     wall = done.exited - done.started
