@@ -11,7 +11,8 @@ Each rank prints an ``LC raised`` line for what it raised, with the seconds from
 (``after``). The driver prints ``LC stopped``, then one ``LC gone`` per rank (whether its
 process ended within 60 s of the stop, and when), SIGKILLs the frozen agent, and exits 0.
 
-Usage: ``store_silent.py`` (driver); torchrun runs ``store_silent.py rank DIR``.
+Usage: ``store_silent.py [NPROC]`` (driver; 2 ranks by default); torchrun runs
+``store_silent.py rank DIR``.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         rank_main(Path(sys.argv[2]))
         return
+    nproc = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     shared = Path(tempfile.mkdtemp())
     agent = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
          "--master_port", str(free_port()), "--monitor_interval", "0.1", __file__, "rank", str(shared)]
     )  # fmt: skip
     deadline = time.monotonic() + 120.0
-    ready = [shared / f"ready-{r}" for r in range(2)]
+    ready = [shared / f"ready-{r}" for r in range(nproc)]
     while not all(p.exists() for p in ready) and time.monotonic() < deadline and agent.poll() is None:
         time.sleep(0.05)
     pids = [int(p.read_text()) for p in ready if p.exists()]

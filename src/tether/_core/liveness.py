@@ -366,10 +366,13 @@ class StoreAnswerWatch:
     it are cut (``stores.cut_connections``), which wakes its threads blocked there (the
     main thread's store waits raise, and tell this story through ``seen_silent``). A
     connection the server closed is the store going (F7, told by the store's error); the
-    watch then stops asking.
+    watch then stops asking. A store is judged only once it has answered a ping
+    (``StorePing.answers``): a server that never answers one (another store, another
+    release), or whose first answer waits behind the reverse lookups of a job's start
+    (``StorePing``), is not taken for a frozen one.
 
     Args:
-        ping: a ping that answered at start (``StorePing.answers``).
+        ping: a ping with a connection (``StorePing.connected``), answered or not yet.
         store: the store whose connections are cut.
         store_host: the rank hosting the store, or -1 for a launcher.
         reporter: this rank.
@@ -396,7 +399,7 @@ class StoreAnswerWatch:
         if silent is None:  # closed by the server: the store is going, and its error says so
             self.close()
             return None
-        if silent < self._silent_after:
+        if silent < self._silent_after or not ping.answers:
             return None
         who = f"rank {self.store_host} (store host)" if self.store_host >= 0 else "the launcher hosting the store"
         message = (

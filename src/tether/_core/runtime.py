@@ -46,7 +46,7 @@ from .liveness import HostJudge, NodeWatch, StoreAnswerWatch, StoreHostWatch, pi
 from .options import Launch, Options
 from .placement import adopted_topology, read_launch_env
 from .record import FailureRecord
-from .stores import StorePing, channel_beside, server_address
+from .stores import StorePing, channel_beside, serve, server_address
 from .verdicts import OUTSIDE
 from .waits import gate
 from .watchdog import Watchdog, WatchdogConfig
@@ -224,7 +224,7 @@ def _watch(
     store_answers = None
     if not hosts_store:  # from any host, the store is judged silent by its own answers
         ping = StorePing(store, time.monotonic)
-        if ping.answers:
+        if ping.connected:
             silent_after = store_silent_after(config.lost_after)
             store_answers = StoreAnswerWatch(ping, store, config.store_host, topo.rank, silent_after)
     nodes = NodeWatch(
@@ -363,14 +363,10 @@ def initialize(backend: str, **kwargs: Any) -> None:
         return
     hosts = topo.rank == 0 and not launch_env.use_agent_store
     oldstore.before_new_group(launch_env.master_port)
-    store = TCPStore(
-        launch_env.master_addr,
-        launch_env.master_port,
-        topo.world_size,
-        hosts,
-        timeout=store_timeout,
-        wait_for_workers=False,
-    )
+    if hosts:
+        store = serve(launch_env.master_addr, launch_env.master_port, topo.world_size, store_timeout)
+    else:
+        store = TCPStore(launch_env.master_addr, launch_env.master_port, topo.world_size, False, timeout=store_timeout)
     start(
         backend,
         topo,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
 import os
 import socket
 import struct
@@ -31,11 +32,64 @@ def channel_beside(
     gen = int(store.add(f"tether/{job_id}/addr-inc/{rank}", 1))
     key = f"tether/{job_id}/{gen}/channel-address"
     if rank == 0:
-        server = TCPStore(reachable_address(), 0, world_size, True, timeout=timeout, wait_for_workers=False)
+        server = serve(reachable_address(), 0, world_size, timeout)
         store.set(key, f"{reachable_address()}:{server.port}")
         return server, server
     host, _, port = store.get(key).decode().rpartition(":")
     return TCPStore(host, int(port), world_size, False, timeout=timeout), None
+
+
+def serve(addr: str, port: int, world_size: int, timeout: datetime.timedelta) -> TCPStore:
+    """Host a ``TCPStore`` on ``port`` (0: a free one) for clients that connect to ``addr``.
+
+    c10d's server listens on a dual-stack IPv6 socket, so an IPv4 client reaches it as
+    ``::ffff:a.b.c.d``, and the one thread that answers every request first formats each
+    new client's address with a reverse lookup (``getnameinfo``), which ``/etc/hosts``
+    does not answer for such an address: while the resolver takes its time, the store
+    answers nobody. On this VM 5 of 300 such lookups took the resolver's 5-s timeout
+    (``results/store-connect.md``), and each rank opens five connections as it starts
+    (``docs/scale.md``). So where ``addr`` is an IPv4 address the server gets an IPv4
+    socket of ours (``master_listen_fd``), listening on every interface as c10d's does:
+    its clients arrive as IPv4 addresses, which ``/etc/hosts`` names on loopback (and
+    where a cluster lists its nodes there). Under a resolver 0.2 s late, a round trip
+    while clients connected took up to 0.207 s on c10d's listener and under 1 ms on this
+    one (``benchmarks/slow_start.py``, ``results/slow-start.md``). A host name (its
+    clients may reach it by IPv6), or a port our socket cannot bind, keeps c10d's own.
+    """
+    listener = _ipv4_listener(addr, port)
+    if listener is None:
+        return TCPStore(addr, port, world_size, True, timeout=timeout, wait_for_workers=False)
+    try:
+        store = TCPStore(
+            addr,
+            listener.getsockname()[1],
+            world_size,
+            True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=listener.fileno(),
+        )
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store's server owns the descriptor now, and closes it
+    return store
+
+
+def _ipv4_listener(addr: str, port: int) -> socket.socket | None:
+    try:
+        ipaddress.IPv4Address(addr)
+    except ValueError:
+        return None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libuv's own bind does
+        sock.bind(("0.0.0.0", port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def reachable_address() -> str:
@@ -55,12 +109,14 @@ def job_store(addr: str, port: int | None, world: int, node_rank: int, shared_fi
     """The job's store: node 0's launcher hosts it; with ``file://`` its address travels in the file."""
     five = datetime.timedelta(minutes=5)
     if shared_file is None:
-        return TCPStore(addr, port or 0, world, node_rank == 0, timeout=five, wait_for_workers=False), addr
+        if node_rank == 0:
+            return serve(addr, port or 0, world, five), addr
+        return TCPStore(addr, port or 0, world, False, timeout=five), addr
     shared = FileStore(shared_file, -1)
     shared.set_timeout(five)
     key = "tether/spawn/address"
     if node_rank == 0:
-        store = TCPStore(addr, 0, world, True, timeout=five, wait_for_workers=False)
+        store = serve(addr, 0, world, five)
         shared.set(key, f"{addr}:{store.port}")
         return store, addr
     host, _, got = shared.get(key).decode().rpartition(":")
@@ -151,14 +207,22 @@ class StorePing:
 
     One ping is outstanding at a time: ``silent_for`` sends one if none is, reads its
     answer for up to ``wait`` seconds, and returns how long the outstanding one has gone
-    unanswered (0.0 once answered), or None when there is no connection (never made, not
-    answered at start, or closed by the server: the store going, not a freeze). A server
-    that does not answer the first ping (another store, another release) is never asked
-    again: ``answers`` is False.
+    unanswered (0.0 once answered), or None when there is no connection (never made, or
+    closed by the server: the store going, not a freeze, or a wrong answer: not a PING
+    this server understands).
+
+    ``answers`` turns True at the server's first right answer. The first ping is sent at
+    once and waited for ``FIRST_WAIT``, not more: c10d's server makes a reverse lookup of
+    each new client's address on the thread that answers, so at a job's start the answer
+    can wait behind one lookup per connection every rank opens, a resolver's timeout each
+    where the resolver is slow (under one 0.5 s late, 2 of 4 ranks of a torchrun job had
+    no answer within the 2 s it once waited, and their store watch was off for the job).
+    Until it answers, a store is not judged (``liveness.StoreAnswerWatch``).
     """
 
     answers = False
     port: int | None = None
+    FIRST_WAIT = 0.1  # seconds the first ping is waited for in the constructor
 
     def __init__(self, store: Store, clock: Callable[[], float], timeout: float = 2.0) -> None:
         self._sock: socket.socket | None = None
@@ -175,9 +239,12 @@ class StorePing:
         except OSError:
             self.close()
             return
-        self.answers = self.silent_for(timeout) == 0.0
-        if not self.answers:
-            self.close()
+        self.silent_for(self.FIRST_WAIT)
+
+    @property
+    def connected(self) -> bool:
+        """A connection that no server closed, answered or not yet."""
+        return self._sock is not None
 
     def silent_for(self, wait: float) -> float | None:
         sock = self._sock
@@ -204,6 +271,7 @@ class StorePing:
         if answer != self._nonce:  # not a PING this server understands
             self.close()
             return None
+        self.answers = True
         return 0.0
 
     def copy_connection(self) -> tuple[socket.socket, int] | None:
