@@ -80,6 +80,7 @@ def test_a_store_host_does_not_wait_for_a_rank_that_never_called_tether(after: s
     (adopted,) = events(res, "adopted")
     assert adopted["world"] == 2, adopted
     ends = ended(res)
-    # rank 1 sleeps 3 s (the job's default) and never leaves in tether's sense: rank 0 went before it
+    # rank 1 sleeps 3 s (the job's default) from rank 0's adoption and never leaves in
+    # tether's sense: rank 0 went before it
     assert ends[0]["code"] == 0 and ends[0]["time"] < ends[1]["time"], ends
     assert res.leftovers == []

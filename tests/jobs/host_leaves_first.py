@@ -16,7 +16,11 @@ A group the user made (``dist.init_process_group``) where only rank 0 ever calls
 (with ``finalize``: both ranks call ``tether.finalize()`` at the end, which for rank 1,
 never adopted, does nothing): rank 1 never registers, so nothing would tell rank 0 that it
 left. Rank 0 must not wait for it, at exit or in its ``finalize``, and rank 1, which never
-needs the store again, ends cleanly too.
+needs the store again, ends cleanly too. Rank 1 sleeps ``WORK`` seconds from rank 0's
+adoption (a file rank 0 creates then): adopting opens store connections, which a slow
+resolver makes slow (1 s each, and the group's host's lookups one after another, under
+``tests/slow_resolver.py --answer-after 0.5``: 4.5 s), and a sleep counted from the
+group's start ended before rank 0 had adopted.
 
 The parent prints ``LC {"event": "ended", "rank": r, "time": ...}`` as each rank's process
 ends (polled every 10 ms), then each rank's stderr as ``STDERR <rank>: <line>``.
@@ -68,13 +72,18 @@ def adopted_main(after: str, rank: int) -> None:
     import tether
 
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2)
+    adopted = Path(os.environ["HOST_FIRST_ADOPTED"])
     if rank == 0:
         emit("adopted", rank=rank, world=tether.get_world_size(), time=time.time())
+        adopted.touch()
         if after == "finalize":
             tether.finalize()
         return  # at exit: tether's context retires; rank 1 never registered
     if after == "finalize":
         tether.finalize()  # no context: nothing to leave
+    deadline = time.monotonic() + BOUND
+    while not adopted.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(WORK)  # no store needed
 
 
@@ -95,7 +104,9 @@ def main() -> None:
         for rank in (0, 1):
             files[rank] = Path(tmp, f"{rank}.err")
             with open(files[rank], "wb") as err:
-                rank_env = {**env, "LOCAL_RANK": str(rank)} if how == "adopted" else env
+                rank_env = {**env, "HOST_FIRST_ADOPTED": str(Path(tmp, "adopted"))}
+                if how == "adopted":
+                    rank_env["LOCAL_RANK"] = str(rank)
                 procs[rank] = start([__file__, "rank", how, after, str(rank)], env=rank_env, stderr=err)
         deadline = time.monotonic() + BOUND
         codes: dict[int, int | None] = {}
