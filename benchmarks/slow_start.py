@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--before", type=Path, help="a tree with an older src/tether, measured beside this one")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "slow-start", help="markdown copy")
+    parser.add_argument("--note", default="", help="a sentence for the setup line (what --before holds)")
     args = parser.parse_args()
     library = [_proc.library_state()]
     rows = ["| server | each new connection (s) | slowest round trip meanwhile (s) |", "|---|---|---|"]
@@ -123,7 +124,7 @@ def main() -> None:
     library.append(_proc.library_state())
     setup = (
         f"everything under `tests/slow_resolver.py --answer-after {args.answer_after:g}` (each reverse lookup "
-        f"answered {args.answer_after:g} s late)."
+        f"answered {args.answer_after:g} s late)." + (f" {args.note}" if args.note else "")
     )
     body = [
         f"## A store's stall while {args.clones} clients connect, one after another\n\n" + "\n".join(rows),

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -119,7 +120,14 @@ def main(argv: list[str]) -> int:
         conf.write(f"nameserver {host}\n{NEVER if args.answer_after is None else LATE}\n")
         conf.flush()
         inner = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
-        return subprocess.call(["unshare", "-m", "sh", "-c", inner, conf.name, *args.command])
+        command = subprocess.Popen(["unshare", "-m", "sh", "-c", inner, conf.name, *args.command])
+        # a stop the command's test sends its whole process group (``jobs/spawn_stopped_early.py``)
+        # reaches this process too: ignored, as a shell ignores it while a command runs, so the
+        # resolver goes on answering until the command ends (it had died of it, and the job
+        # with it: "LAUNCHER OSError" in a run of the default suite under this resolver)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        return command.wait()
 
 
 if __name__ == "__main__":
