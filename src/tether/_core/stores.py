@@ -59,21 +59,33 @@ def serve(addr: str, port: int, world_size: int, timeout: datetime.timedelta) ->
     listener = _ipv4_listener(addr, port)
     if listener is None:
         return TCPStore(addr, port, world_size, True, timeout=timeout, wait_for_workers=False)
-    try:
-        store = TCPStore(
-            addr,
-            listener.getsockname()[1],
-            world_size,
-            True,
-            timeout=timeout,
-            wait_for_workers=False,
-            master_listen_fd=listener.fileno(),
-        )
-    except BaseException:
-        listener.close()
-        raise
-    listener.detach()  # the store's server owns the descriptor now, and closes it
-    return store
+    with listener:
+        # the server owns the descriptor it is given, and closes it: on success, and when
+        # its host's own client fails after the server took it (a Ctrl-C in its connect:
+        # closing it again here raised EBADF in place of the KeyboardInterrupt). It gets a
+        # duplicate, closed here only while it is still this socket's
+        given = os.dup(listener.fileno())
+        try:
+            return TCPStore(
+                addr,
+                listener.getsockname()[1],
+                world_size,
+                True,
+                timeout=timeout,
+                wait_for_workers=False,
+                master_listen_fd=given,
+            )
+        except BaseException:
+            _close_if_same(given, listener)
+            raise
+
+
+def _close_if_same(fd: int, sock: socket.socket) -> None:
+    """Close ``fd`` if it still refers to ``sock``'s socket (not a file that took its number)."""
+    with contextlib.suppress(OSError):
+        mine, theirs = os.fstat(sock.fileno()), os.fstat(fd)
+        if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino):
+            os.close(fd)
 
 
 def _ipv4_listener(addr: str, port: int) -> socket.socket | None:
