@@ -36,7 +36,7 @@ from .._env import Topology, file_path, from_torchrun, interactive
 from ..backends import Backend, NativeBackend, check_backend
 from ..errors import TetherError
 from . import beater, context, funcol, nccl, oldstore, rawcalls, storewaits
-from .channel import Channel, clone, generation, has_queues
+from .channel import Channel, generation, has_queues
 from .context import Context
 from .ending import register_atexit, retire, wrap_destroy
 from .failures import blamed, report_failure
@@ -198,7 +198,9 @@ def _watch(
 ) -> Context:
     """Watch ``pg`` (None: a group ``start`` is about to create; it sets ``ctx.pg`` after)."""
     topo = backend.topology
-    channel = Channel(store, prefix, topo.rank, topo.world_size)
+    # four connections, opened at once (``channel.clones``): the channel's, the main
+    # thread's (``ctx.store``), the listener's and the keeper's (``Watchdog.start``)
+    channel = Channel(store, prefix, topo.rank, topo.world_size, spares=3)
     if not channel.queues:
         log.warning(
             "tether: this job's store has no queues; failures are noticed by polling every 0.2 s "
@@ -267,7 +269,7 @@ def _watch(
         backend,
         channel,
         watchdog,
-        store=clone(store),
+        store=channel.client(),
         settings=options.sync,
         hosts_store=hosts_store,
         error_file=error_file,
