@@ -62,16 +62,31 @@ def never_comes() -> None:
     import datetime
     import os
 
+    import torch.distributed as dist
+
     import tether
 
     rank = int(os.environ["RANK"])
     if rank == 1:
         time.sleep(NEVER)
+    # how long one new connection to the job's store takes here: a start opens several
+    # before its rendezvous's clock starts, and a slow resolver makes each slow
+    # (tests/slow_resolver.py: 1 s each under --answer-after 0.5)
+    t0 = time.time()
+    dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False)
+    connect_s = time.time() - t0
     began = time.time()
     try:
         tether.initialize("gloo", timeout=datetime.timedelta(seconds=INIT_TIMEOUT))
     except BaseException as exc:
-        emit("raised", rank=rank, exc=type(exc).__name__, msg=safe_str(exc)[:400], took=time.time() - began)
+        emit(
+            "raised",
+            rank=rank,
+            exc=type(exc).__name__,
+            msg=safe_str(exc)[:400],
+            took=time.time() - began,
+            connect_s=connect_s,
+        )
         raise
     emit("initialized", rank=rank)
 

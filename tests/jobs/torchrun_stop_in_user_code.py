@@ -17,6 +17,7 @@ tether's atexit function sees the stop).
 
 import contextlib
 import datetime
+import os
 import sys
 import threading
 import time
@@ -27,6 +28,10 @@ from lifecycle_common import emit, raised, start_in_step
 import tether
 
 how = sys.argv[1]
+# its own store (only the thread's call matters), made before the ranks' common start: a
+# new store connection can take a slow resolver's lookups (1 s under
+# tests/slow_resolver.py --answer-after 0.5), and rank 1's failure came meanwhile
+client = dist.TCPStore("127.0.0.1", 0, 1, True) if os.environ["RANK"] == "0" else None
 rank = start_in_step()
 
 
@@ -36,8 +41,7 @@ def poll(store: dist.Store) -> None:
             store.wait(["never set"], datetime.timedelta(seconds=0.02))
 
 
-if rank == 0:
-    client = dist.TCPStore("127.0.0.1", 0, 1, True)  # its own store: only the thread's call matters
+if client is not None:
     threading.Thread(target=poll, args=(client,), daemon=True).start()
 try:
     if rank == 1:
