@@ -129,7 +129,8 @@ def spawn(
     mp = _context(start_method)
     for attempt in range(max_restarts + 1):
         gen = generation(store, JOB_ID, -1 - node_rank)  # each node's launcher counts its own incarnations
-        channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world)
+        # with the supervisor's own connection (``_Supervisor.client``), opened at once
+        channel = Channel(store, Channel.make_prefix(JOB_ID, gen), -1, world, spares=1)
         procs: dict[int, multiprocessing.process.BaseProcess] = {}
         environ = dict(os.environ) if start_method == "forkserver" else None  # as of this attempt's start
         own_method = multiprocessing.get_start_method(allow_none=True)

@@ -52,7 +52,7 @@ def serve(addr: str, port: int, world_size: int, timeout: datetime.timedelta) ->
     socket of ours (``master_listen_fd``), listening on every interface as c10d's does:
     its clients arrive as IPv4 addresses, which ``/etc/hosts`` names on loopback (and
     where a cluster lists its nodes there). Under a resolver 0.2 s late, a round trip
-    while clients connected took up to 0.207 s on c10d's listener and under 1 ms on this
+    while clients connected took up to 0.201 s on c10d's listener and 0.002 s on this
     one (``benchmarks/slow_start.py``, ``results/slow-start.md``). A host name (its
     clients may reach it by IPv6), or a port our socket cannot bind, keeps c10d's own.
     """
