@@ -14,7 +14,9 @@ every wait is once the group exists. Before, the group was created with the
 The job's own ``timeout=INIT_TIMEOUT`` bounds the start-up, as it bounds torch's
 ``init_process_group``: rank 1 is still in its imports (asleep, ``NEVER`` seconds) when
 rank 0's rendezvous gives up waiting for it. Rank 0 raises a ``SyncTimeout`` naming rank
-1; then torchrun ends rank 1.
+1; then torchrun ends rank 1. Rank 0 first times one new connection to the job's store
+(``connect_s`` in its ``raised`` line): the test's bound counts the start's connections
+in it.
 """
 
 import time
