@@ -37,8 +37,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from slow_wakes import late_resolver  # noqa: E402
+from startup import run_job  # noqa: E402
 
-JOB = HERE / "_startup_job.py"
 _STALL = """
 import datetime, json, sys, threading, time
 import torch.distributed as dist
@@ -75,17 +75,9 @@ def stall(listener: str, clones: int, answer_after: float) -> dict[str, object]:
 
 
 def start(contender: str, world: int, answer_after: float, src: Path | None) -> float:
-    import _proc
-
-    env = {"OMP_NUM_THREADS": "1", **({"PYTHONPATH": str(src)} if src is not None else {})}
-    done = _proc.run([*late_resolver(answer_after), sys.executable, str(JOB), contender, str(world)], 300.0, env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("LAUNCH ")]
-    if done.returncode != 0 or not lines or done.leftovers:
-        raise SystemExit(
-            f"{contender} at {world} ranks failed (exit {done.returncode}, leftovers {done.leftovers}):\n"
-            + (done.stdout + done.stderr)[-3000:]
-        )
-    return float(lines[-1].split()[1])
+    env = {"PYTHONPATH": str(src)} if src is not None else None
+    launch, _ = run_job(contender, world, late_resolver(answer_after), env, bound=300.0)
+    return launch
 
 
 def main() -> None:

@@ -48,23 +48,33 @@ LABELS = {
 }
 
 
-def measure(world: int, rounds: int) -> dict[str, dict[str, list[float]]]:
+def run_job(
+    name: str, world: int, prefix: list[str] | None = None, env: dict[str, str] | None = None, bound: float = 120.0
+) -> tuple[float, float]:
+    """One ``_startup_job.py`` job, run after the command ``prefix`` (``slow_start.py``: a
+    slow resolver): (*launch*, *whole*) in seconds; a failed job ends the benchmark."""
     import _proc
 
+    command = [*(prefix or []), sys.executable, str(JOB), name, str(world)]
+    done = _proc.run(command, bound, {"OMP_NUM_THREADS": "1", **(env or {})})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("LAUNCH ")]
+    if done.returncode != 0 or not lines or done.leftovers:
+        raise SystemExit(
+            f"{name} at {world} ranks failed (exit {done.returncode}, leftovers {done.leftovers}):\n"
+            + (done.stdout + done.stderr)[-3000:]
+        )
+    return float(lines[-1].split()[1]), done.exited - done.started
+
+
+def measure(world: int, rounds: int) -> dict[str, dict[str, list[float]]]:
     names = contenders()
     got: dict[str, dict[str, list[float]]] = {n: {"launch": [], "whole": []} for n in names}
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            done = _proc.run([sys.executable, str(JOB), name, str(world)], 120.0, {"OMP_NUM_THREADS": "1"})
-            lines = [line for line in done.stdout.splitlines() if line.startswith("LAUNCH ")]
-            if done.returncode != 0 or not lines or done.leftovers:
-                raise SystemExit(
-                    f"{name} at {world} ranks failed (exit {done.returncode}, leftovers {done.leftovers}):\n"
-                    + (done.stdout + done.stderr)[-3000:]
-                )
-            got[name]["launch"].append(float(lines[-1].split()[1]))
-            got[name]["whole"].append(done.exited - done.started)
+            launch, whole = run_job(name, world)
+            got[name]["launch"].append(launch)
+            got[name]["whole"].append(whole)
         sys.stderr.write(f"[{world} ranks: round {r + 1} of {rounds} done]\n")
     return got
 
